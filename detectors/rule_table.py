@@ -1,0 +1,433 @@
+"""The explicit-fault rule table: YAML rows mapping a signal to category, severity and action.
+
+Operators change detection by editing ``detectors/rules/*.yaml`` (or pointing the classifier at
+another file), not code.  A row matches one of four kinds of input (``source``):
+
+* ``log``  -- one text line: an NVIDIA Xid code (``xid:``) and/or regular expressions
+  (``patterns:``, searched case-insensitively; named groups become extracted fields);
+* ``nvml`` -- one GPU's NVML sample (a dict), see :func:`nvml_fields`;
+* ``nic``  -- one network interface's state sample, see :func:`nic_fields`;
+* ``exit`` -- a process exit code / signal.
+
+Structured rows test fields with ``when:`` -- ``{field: {op: value}}`` (all must hold) or
+``{any: [<when>, ...]}``; ops are ``eq ne gt ge lt le in not_in contains_any``.
+
+A row may carry a threshold (``count``, ``window_s``, ``dedup_s``, ``key``): below it the row
+recommends ``below_action`` (default ``ignore``), from the ``count``-th occurrence within the
+window on, ``action``.  Rows are tried in ``priority`` order (lower first, then file order); the
+first match wins, except structured inputs, where every matching row is reported.
+
+>>> table = default_rule_table()
+>>> m = table.match_line("[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, "
+...                      "GPU has fallen off the bus.")
+>>> m.rule.id, m.rule.action.value, m.fields["xid"], m.fields["pci"]
+('xid-79', 'evict', 79, '0000:3b:00')
+>>> [m.rule.id for m in match_nvml({"state": "lost", "temperature_c": 40.0})]
+['nvml-gpu-lost']
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from schemas.enums import Action, Severity
+from schemas.typecheck import SchemaError, from_mapping, rng
+
+RULES_DIR = Path(__file__).with_name("rules")
+SOURCES = ("log", "nvml", "nic", "exit")
+CONTEXTS = ("any", "traceback")
+_OPS = ("eq", "ne", "gt", "ge", "lt", "le", "in", "not_in", "contains_any")
+#: actions a row may recommend; ``none`` is reserved for "no rule matched".
+ROW_ACTIONS = (Action.EVICT, Action.RESTART, Action.ROLLBACK, Action.DIAGNOSE, Action.IGNORE)
+
+# NVRM prints "Xid (PCI:0000:3b:00): 79, pid=..., name=..., <message>"; older drivers omit
+# "PCI:", log shippers may drop "NVRM:" or change case, DCGM/k8s events say "XID 79" / "xid=79".
+_XID_NVRM = re.compile(
+    r"\bxid\s*\(\s*(?:pci:)?(?P<pci>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.[0-7])?|[^)]*?)\s*\)\s*:\s*"
+    r"(?P<xid>\d{1,4})\b\s*,?(?P<rest>.*)$",
+    re.IGNORECASE,
+)
+_XID_LOOSE = re.compile(r"\bxid(?:\s+error)?\s*(?:code)?\s*[:=#]?\s*(?P<xid>\d{1,4})\b(?P<rest>.*)$", re.IGNORECASE)
+_XID_PID = re.compile(r"\bpid\s*=\s*'?(?P<pid>\d+)'?", re.IGNORECASE)
+_XID_NAME = re.compile(r"\bname\s*=\s*(?P<name>[^,]+?)\s*,", re.IGNORECASE)
+
+
+class RuleTableError(ValueError):
+    """A rule file is unreadable or a row is invalid; the message names the file and row."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the rule table (see the module docstring for the semantics)."""
+
+    id: str
+    category: str
+    severity: Severity
+    action: Action
+    source: str = "log"
+    description: str = ""
+    #: log rows: regular expressions (case-insensitive ``re.search``); named groups -> fields.
+    patterns: list[str] = field(default_factory=list)
+    #: log rows: Xid codes this row covers (the line must be an Xid line with one of them).
+    xid: list[int] = field(default_factory=list)
+    #: log rows: the catch-all for Xid codes no other row covers.
+    xid_fallback: bool = False
+    #: log rows: ``traceback`` rows only apply to the final exception line of a traceback.
+    context: str = "any"
+    #: structured rows: field conditions.
+    when: dict[str, Any] = field(default_factory=dict)
+    count: int = field(default=1, metadata=rng(1, 1_000_000))
+    window_s: float | None = field(default=None, metadata=rng(0.001, 1e9))
+    dedup_s: float = field(default=0.0, metadata=rng(0.0, 1e9))
+    #: extracted fields that separate counters (e.g. ``[pci]``: one count per GPU).
+    key: list[str] = field(default_factory=list)
+    below_action: Action | None = None
+    below_severity: Severity | None = None
+    priority: int = field(default=100, metadata=rng(0, 1_000_000))
+    #: real-looking inputs this row must match (a line, or a sample dict); tested per row.
+    examples: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"source {self.source!r} is not one of {', '.join(SOURCES)}")
+        if self.context not in CONTEXTS:
+            raise ValueError(f"context {self.context!r} is not one of {', '.join(CONTEXTS)}")
+        for a in (self.action, self.below_action):
+            if a is not None and a not in ROW_ACTIONS:
+                raise ValueError(f"action {a.value!r} is not allowed in a rule row")
+        if self.source == "log":
+            if not (self.patterns or self.xid or self.xid_fallback):
+                raise ValueError("a log row needs patterns, xid codes or xid_fallback")
+            if self.when:
+                raise ValueError("'when' applies to nvml/nic/exit rows, not log rows")
+        else:
+            if not self.when or self.patterns or self.xid or self.xid_fallback:
+                raise ValueError(f"a {self.source} row needs 'when' (and no patterns/xid)")
+            _check_when(self.when)
+        if self.count > 1 and self.window_s is None:
+            raise ValueError("count > 1 needs window_s")
+        if (self.below_action or self.below_severity) and self.count <= 1:
+            raise ValueError("below_action/below_severity need a threshold (count > 1)")
+        for p in self.patterns:
+            try:
+                re.compile(p, re.IGNORECASE)
+            except re.error as exc:
+                raise ValueError(f"pattern {p!r} does not compile: {exc}") from None
+
+    @property
+    def thresholded(self) -> bool:
+        return self.count > 1
+
+    def decide(self, count: int) -> tuple[Action, Severity, bool]:
+        """(action, severity, escalated) for the ``count``-th occurrence in the window.
+
+        >>> r = Rule(id="x", category="network_error", severity=Severity.ERROR, action=Action.EVICT,
+        ...          patterns=["link down"], count=2, window_s=300, below_action=Action.IGNORE,
+        ...          below_severity=Severity.WARNING)
+        >>> r.decide(1), r.decide(2)
+        ((<Action.IGNORE: 'ignore'>, <Severity.WARNING: 'warning'>, False), (<Action.EVICT: 'evict'>, <Severity.ERROR: 'error'>, True))
+        """
+        if count >= self.count:
+            return self.action, self.severity, self.thresholded
+        return self.below_action or Action.IGNORE, self.below_severity or self.severity, False
+
+
+@dataclass(frozen=True)
+class RuleMatch:
+    """A row that matched, with the fields extracted from the input."""
+
+    rule: Rule
+    fields: dict[str, Any]
+
+
+def _check_when(when: Mapping[str, Any]) -> None:
+    for name, cond in when.items():
+        if name == "any":
+            if not isinstance(cond, list) or not cond:
+                raise ValueError("'any' needs a non-empty list of conditions")
+            for sub in cond:
+                if not isinstance(sub, dict):
+                    raise ValueError("each 'any' entry must be a mapping")
+                _check_when(sub)
+            continue
+        if not isinstance(cond, dict) or not cond:
+            raise ValueError(f"condition for {name!r} must be a mapping like {{ge: 85}}")
+        for op, arg in cond.items():
+            if op not in _OPS:
+                raise ValueError(f"unknown operator {op!r} for {name!r} (use {', '.join(_OPS)})")
+            if op in ("in", "not_in", "contains_any") and not isinstance(arg, list):
+                raise ValueError(f"operator {op!r} for {name!r} needs a list")
+
+
+def _norm(v: Any) -> Any:
+    return v.strip().lower() if isinstance(v, str) else v
+
+
+def _test(value: Any, op: str, arg: Any) -> bool:
+    """One condition; mismatched or missing values are simply "does not hold"."""
+    if value is None:
+        return False
+    value, arg = _norm(value), [_norm(a) for a in arg] if isinstance(arg, list) else _norm(arg)
+    try:
+        if op == "eq":
+            return bool(value == arg)
+        if op == "ne":
+            return bool(value != arg)
+        if op == "in":
+            return value in arg
+        if op == "not_in":
+            return value not in arg
+        if op == "contains_any":
+            items = {_norm(v) for v in value} if isinstance(value, list | tuple | set) else {value}
+            return any(a in items for a in arg)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not isinstance(arg, int | float):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return {"gt": value > arg, "ge": value >= arg, "lt": value < arg, "le": value <= arg}[op]
+    except TypeError:
+        return False
+
+
+def when_holds(when: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+    """True if every condition of ``when`` holds on ``fields`` (``any`` = at least one)."""
+    for name, cond in when.items():
+        if name == "any":
+            if not any(when_holds(sub, fields) for sub in cond):
+                return False
+        elif not all(_test(fields.get(name), op, arg) for op, arg in cond.items()):
+            return False
+    return True
+
+
+def parse_xid(line: str) -> dict[str, Any] | None:
+    """Xid code, PCI bus, pid, process name and message of an NVRM Xid line, else None.
+
+    >>> parse_xid("NVRM: Xid (PCI:0000:b1:00): 13, pid='<unknown>', name=<unknown>, Graphics SM "
+    ...           "Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address")["xid"]
+    13
+    >>> parse_xid("kernel: eth0: link up") is None
+    True
+    """
+    m = _XID_NVRM.search(line) or _XID_LOOSE.search(line)
+    if m is None:
+        return None
+    out: dict[str, Any] = {"xid": int(m.group("xid"))}
+    pci = m.groupdict().get("pci")
+    if pci:
+        out["pci"] = pci.lower()
+    rest = m.group("rest") or ""
+    if pm := _XID_PID.search(rest):
+        out["pid"] = int(pm.group("pid"))
+    if nm := _XID_NAME.search(rest):
+        out["process"] = nm.group("name").strip("'\"")
+    out["message"] = rest.strip(" ,")
+    return out
+
+
+class RuleTable:
+    """Validated, ordered rows with compiled patterns; matching is pure (no counting here)."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        seen: set[str] = set()
+        for r in rules:
+            if r.id in seen:
+                raise RuleTableError(f"duplicate rule id {r.id!r}")
+            seen.add(r.id)
+        order = sorted(range(len(rules)), key=lambda i: (rules[i].priority, i))
+        self.rules: tuple[Rule, ...] = tuple(rules[i] for i in order)
+        self._compiled = {r.id: [re.compile(p, re.IGNORECASE) for p in r.patterns] for r in self.rules}
+        self._xid_rows: dict[int, list[Rule]] = {}
+        for r in self.rules:
+            if r.source == "log":
+                for code in r.xid:
+                    self._xid_rows.setdefault(code, []).append(r)
+        self._xid_fallback = next((r for r in self.rules if r.xid_fallback), None)
+        self._line_rows = [r for r in self.rules if r.source == "log" and not r.xid and not r.xid_fallback]
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def get(self, rule_id: str) -> Rule:
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        raise KeyError(rule_id)
+
+    def for_source(self, source: str) -> list[Rule]:
+        return [r for r in self.rules if r.source == source]
+
+    def _search(self, rule: Rule, line: str) -> dict[str, Any] | None:
+        for rx in self._compiled[rule.id]:
+            m = rx.search(line)
+            if m:
+                return {k: _coerce(v) for k, v in m.groupdict().items() if v is not None}
+        return None
+
+    def match_line(self, line: str, *, in_traceback: bool = False) -> RuleMatch | None:
+        """The first row matching one log line (``in_traceback``: it ends a traceback)."""
+        xid = parse_xid(line)
+        if xid is not None:
+            for r in self._xid_rows.get(xid["xid"], []):
+                found = self._search(r, line) if r.patterns else {}
+                if found is not None:
+                    return RuleMatch(r, {**xid, **found})
+            if self._xid_fallback is not None:
+                return RuleMatch(self._xid_fallback, xid)
+        for r in self._line_rows:
+            if r.context == "traceback" and not in_traceback:
+                continue
+            found = self._search(r, line)
+            if found is not None:
+                return RuleMatch(r, found)
+        return None
+
+    def match_structured(self, source: str, fields: Mapping[str, Any]) -> list[RuleMatch]:
+        """Every ``source`` row whose ``when`` holds on ``fields``."""
+        return [RuleMatch(r, dict(fields)) for r in self.for_source(source) if when_holds(r.when, fields)]
+
+
+def _coerce(v: str) -> Any:
+    return int(v) if re.fullmatch(r"-?\d{1,18}", v) else v
+
+
+def rules_from_rows(rows: Any, origin: str = "<rows>") -> list[Rule]:
+    """Validate raw YAML rows (a list of mappings) into :class:`Rule` objects."""
+    if not isinstance(rows, list):
+        raise RuleTableError(f"{origin}: 'rules' must be a list of rows")
+    out = []
+    for i, row in enumerate(rows):
+        where = f"{origin}: row {i}" + (f" ({row.get('id')!r})" if isinstance(row, dict) else "")
+        try:
+            out.append(from_mapping(Rule, row))
+        except SchemaError as exc:
+            raise RuleTableError(f"{where}: {exc}") from None
+    return out
+
+
+def _load_file(path: Path) -> list[Rule]:
+    import yaml  # local: keeps the module importable for doc builds without PyYAML
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RuleTableError(f"cannot read rule file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise RuleTableError(f"rule file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"rules", "description"} or "rules" not in data:
+        raise RuleTableError(f"rule file {path}: top level must be a mapping with a 'rules' list")
+    return rules_from_rows(data["rules"], str(path))
+
+
+def load_rule_table(path: str | Path | None = None) -> RuleTable:
+    """Load a table from one YAML file or every ``*.yaml`` in a directory (default: built-in)."""
+    p = Path(path) if path is not None else RULES_DIR
+    files = sorted(p.glob("*.yaml")) if p.is_dir() else [p]
+    if not files:
+        raise RuleTableError(f"no *.yaml rule files in {p}")
+    rules = [r for f in files for r in _load_file(f)]
+    try:
+        return RuleTable(rules)
+    except RuleTableError as exc:
+        raise RuleTableError(f"{p}: {exc}") from None
+
+
+@cache
+def default_rule_table() -> RuleTable:
+    """The built-in table (``detectors/rules``), loaded once."""
+    return load_rule_table()
+
+
+# --- structured samples ---------------------------------------------------------------------
+
+_THROTTLE_PREFIXES = ("nvmlclocksthrottlereason", "nvmlclockseventreason", "clocks_throttle_reason_",
+                      "clocks_event_reason_", "clocksthrottlereason", "clockseventreason")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _growth(sample: Mapping[str, Any], name: str) -> float | None:
+    now, prev = _num(sample.get(name)), _num(sample.get(name + "_prev"))
+    return None if now is None or prev is None else now - prev
+
+
+def _throttle(v: Any) -> list[str]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list | tuple | set):
+        return []
+    out = []
+    for item in v:
+        if isinstance(item, str):
+            s = item.strip().lower().replace(" ", "_")
+            for pre in _THROTTLE_PREFIXES:
+                s = s.removeprefix(pre)
+            out.append(s)
+    return out
+
+
+def nvml_fields(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """Normalise one GPU's NVML sample and add derived fields for the ``nvml`` rows.
+
+    Input keys: ``state`` ("ok", "lost", ...), ``ecc_volatile_uncorrected`` (int),
+    ``remap_failure``/``remap_pending`` (bool), ``temperature_c`` (float),
+    ``throttle_reasons`` (list of NVML reason names), ``pcie_replay_count`` and
+    ``pcie_replay_count_prev`` (ints).  Derived: ``pcie_replay_growth``,
+    ``ecc_volatile_uncorrected_growth``.  Wrongly typed values are dropped, never raised.
+
+    >>> nvml_fields({"pcie_replay_count": 40, "pcie_replay_count_prev": 10})["pcie_replay_growth"]
+    30.0
+    """
+    if not isinstance(sample, Mapping):
+        return {}
+    out: dict[str, Any] = {k: v for k, v in sample.items() if isinstance(k, str)}
+    if isinstance(out.get("state"), str):
+        out["state"] = out["state"].strip().lower().replace(" ", "_")
+    out["throttle_reasons"] = _throttle(sample.get("throttle_reasons"))
+    out["pcie_replay_growth"] = _growth(sample, "pcie_replay_count")
+    out["ecc_volatile_uncorrected_growth"] = _growth(sample, "ecc_volatile_uncorrected")
+    return out
+
+
+def nic_fields(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """Normalise one interface's state sample for the ``nic`` rows.
+
+    Input keys: ``interface``, ``operstate`` (sysfs: up/down/lowerlayerdown/...), ``carrier``
+    (0/1), ``carrier_changes`` and ``carrier_changes_prev`` (sysfs counter), ``port_state``
+    (IB: ACTIVE/DOWN/INIT/ARMED).  Derived: ``carrier_changes_growth``.
+
+    >>> nic_fields({"interface": "ib0", "carrier_changes": 9, "carrier_changes_prev": 5})["carrier_changes_growth"]
+    4.0
+    """
+    if not isinstance(sample, Mapping):
+        return {}
+    out: dict[str, Any] = {k: v for k, v in sample.items() if isinstance(k, str)}
+    out["carrier_changes_growth"] = _growth(sample, "carrier_changes")
+    # IB sysfs state reads "1: DOWN" / "4: ACTIVE": keep the word.
+    if isinstance(out.get("port_state"), str):
+        out["port_state"] = out["port_state"].split(":")[-1].strip().lower()
+    return out
+
+
+def match_nvml(sample: Mapping[str, Any], table: RuleTable | None = None) -> list[RuleMatch]:
+    """Every ``nvml`` row matching one GPU's sample (no thresholds applied: pure)."""
+    return (table or default_rule_table()).match_structured("nvml", nvml_fields(sample))
+
+
+def match_nic_state(sample: Mapping[str, Any], table: RuleTable | None = None) -> list[RuleMatch]:
+    """Every ``nic`` row matching one interface's state sample (no thresholds applied).
+
+    >>> [m.rule.id for m in match_nic_state({"interface": "ib0", "operstate": "down", "carrier": 0})]
+    ['nic-state-down']
+    """
+    return (table or default_rule_table()).match_structured("nic", nic_fields(sample))

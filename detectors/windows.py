@@ -1,0 +1,100 @@
+"""Count/window threshold logic: "evict only after 2 alerts within 5 minutes".
+
+Detectors never read the wall clock: every observation carries the caller's timestamp, so a
+replay of an old log gives the same answers as the live stream.  Timestamps may arrive slightly
+out of order (several log sources merged); events are kept sorted.
+
+``dedup_s`` collapses bursts: one fault often prints several lines within a second (an Xid 13 per
+SM, an OOM line per rank), and those should count as one occurrence, not as "repeated".
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import OrderedDict
+from collections.abc import Hashable
+
+
+class WindowCounter:
+    """Occurrences of one event inside a sliding time window.
+
+    Parameters
+    ----------
+    window_s
+        Length of the window in seconds; an event at ``t`` counts for observations in
+        ``[t, t + window_s]``.
+    dedup_s
+        Events closer than this to an already counted event are not counted again.
+    max_events
+        Memory bound: the oldest events are dropped beyond it.
+
+    Examples
+    --------
+    >>> w = WindowCounter(window_s=300)
+    >>> w.observe(0.0), w.observe(100.0), w.observe(350.0), w.observe(1000.0)
+    (1, 2, 2, 1)
+    >>> d = WindowCounter(window_s=300, dedup_s=5)
+    >>> d.observe(10.0), d.observe(10.5), d.observe(20.0)
+    (1, 1, 2)
+    """
+
+    def __init__(self, window_s: float, dedup_s: float = 0.0, max_events: int = 10_000) -> None:
+        if not window_s > 0 or not math.isfinite(window_s):
+            raise ValueError(f"window_s must be a positive finite number, got {window_s!r}")
+        if dedup_s < 0:
+            raise ValueError(f"dedup_s must be >= 0, got {dedup_s!r}")
+        self.window_s = float(window_s)
+        self.dedup_s = float(dedup_s)
+        self.max_events = max_events
+        self._events: list[float] = []
+
+    def observe(self, ts: float) -> int:
+        """Record an event at ``ts``; return how many events fall in ``[ts - window_s, ts]``."""
+        if not math.isfinite(ts):
+            raise ValueError(f"timestamp must be finite, got {ts!r}")
+        ev = self._events
+        i = bisect.bisect_left(ev, ts)
+        near = (i < len(ev) and ev[i] - ts <= self.dedup_s) or (i > 0 and ts - ev[i - 1] <= self.dedup_s)
+        if not (self.dedup_s > 0 and near):
+            ev.insert(i, ts)
+        # Forget what can no longer fall inside any window ending at the newest event.
+        horizon = ev[-1] - self.window_s
+        drop = bisect.bisect_left(ev, horizon)
+        if drop or len(ev) > self.max_events:
+            del ev[: max(drop, len(ev) - self.max_events)]
+        return self.count(ts)
+
+    def count(self, ts: float) -> int:
+        """Events in ``[ts - window_s, ts]`` without recording anything."""
+        ev = self._events
+        return bisect.bisect_right(ev, ts) - bisect.bisect_left(ev, ts - self.window_s)
+
+
+class WindowTracker:
+    """A :class:`WindowCounter` per key, created on first use, least recently used dropped.
+
+    >>> t = WindowTracker()
+    >>> t.observe(("nic-link-down", "ib0"), 0.0, window_s=300), t.observe(("nic-link-down", "ib1"), 10.0, 300)
+    (1, 1)
+    >>> t.observe(("nic-link-down", "ib0"), 200.0, window_s=300)
+    2
+    """
+
+    def __init__(self, max_keys: int = 50_000) -> None:
+        self.max_keys = max_keys
+        self._counters: OrderedDict[Hashable, WindowCounter] = OrderedDict()
+
+    def observe(self, key: Hashable, ts: float, window_s: float, dedup_s: float = 0.0) -> int:
+        """Record an event for ``key`` at ``ts``; return the count in its window."""
+        counter = self._counters.get(key)
+        if counter is None or counter.window_s != window_s or counter.dedup_s != dedup_s:
+            counter = WindowCounter(window_s, dedup_s)
+            self._counters[key] = counter
+        self._counters.move_to_end(key)
+        while len(self._counters) > self.max_keys:
+            self._counters.popitem(last=False)
+        return counter.observe(ts)
+
+    def __len__(self) -> int:
+        return len(self._counters)

@@ -1,0 +1,154 @@
+"""Connection and stack settings: one config model for the embedded stack and production.
+
+Sources, lowest priority first: defaults (the embedded local stack), a YAML file
+(``--config FILE`` or ``$TRAINGUARD_CONFIG``) with sections ``kafka``, ``clickhouse``, ``stack``,
+then environment variables ``TRAINGUARD__<SECTION>__<KEY>``, e.g.
+``TRAINGUARD__KAFKA__BOOTSTRAP_SERVERS=broker1:9092,broker2:9092``.  ``$TRAINGUARD_HOME`` sets
+the data directory of the embedded stack.  Unknown keys anywhere are errors.
+
+Production points ``kafka`` and ``clickhouse`` at real clusters (with TLS/SASL settings) and sets
+``stack.embedded: false`` so ``stack up`` refuses to start local servers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.config import ConfigError, load_config, load_yaml_file
+from schemas.typecheck import rng
+
+_PORT = rng(1, 65535)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How every TrainGuard process reaches Kafka."""
+
+    bootstrap_servers: str = "127.0.0.1:19092"
+    client_id: str = "trainguard"
+    #: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    request_timeout_ms: int = field(default=15_000, metadata=rng(100, 600_000))
+    #: producer compression; gzip needs no native library on any client (kafka-python, aiokafka).
+    compression: str | None = "gzip"
+
+    def __post_init__(self) -> None:
+        allowed = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"}
+        if self.security_protocol not in allowed:
+            raise ValueError(f"security_protocol must be one of {sorted(allowed)}")
+
+    @property
+    def servers(self) -> list[str]:
+        return [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for kafka-python clients (aiokafka takes the same names)."""
+        kw: dict[str, Any] = {
+            "bootstrap_servers": self.servers,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.sasl_mechanism:
+            kw.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            if getattr(self, name):
+                kw[name] = getattr(self, name)
+        return kw
+
+
+@dataclass(frozen=True)
+class ClickHouseConfig:
+    """How TrainGuard reaches ClickHouse (HTTP interface, through clickhouse-connect)."""
+
+    host: str = "127.0.0.1"
+    port: int = field(default=18123, metadata=_PORT)
+    database: str = "trainguard"
+    username: str = "default"
+    password: str = ""
+    secure: bool = False
+    connect_timeout_s: float = field(default=5.0, metadata=rng(0.1, 600))
+    #: a clickhouse-connect DSN overriding host/port, e.g. ``chdb:///path`` for in-process tests.
+    dsn: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.dsn or f"{'https' if self.secure else 'http'}://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """The embedded local stack started by ``trainguard stack up``."""
+
+    #: False in production: ``stack up`` then refuses to start local servers.
+    embedded: bool = True
+    home: str = ".trainguard"
+    kafka_port: int = field(default=19092, metadata=_PORT)
+    kafka_controller_port: int = field(default=19093, metadata=_PORT)
+    kafka_heap_mb: int = field(default=512, metadata=rng(128, 65536))
+    clickhouse_http_port: int = field(default=18123, metadata=_PORT)
+    clickhouse_tcp_port: int = field(default=19000, metadata=_PORT)
+    #: where resolved Kafka jars are cached, shared by every stack home on the machine.
+    cache_dir: str = "~/.cache/trainguard"
+    start_timeout_s: float = field(default=90.0, metadata=rng(1, 3600))
+
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home).expanduser().resolve()
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a TrainGuard process needs to reach the stack."""
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    clickhouse: ClickHouseConfig = field(default_factory=ClickHouseConfig)
+    stack: StackConfig = field(default_factory=StackConfig)
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Defaults <- YAML file <- ``TRAINGUARD__*`` env vars; ``$TRAINGUARD_HOME`` sets stack.home."""
+    env = dict(os.environ if environ is None else environ)
+    path = path or env.get("TRAINGUARD_CONFIG")
+    data: dict[str, Any] = load_yaml_file(path) if path else {}
+    home = env.get("TRAINGUARD_HOME")
+    if home:
+        data.setdefault("stack", {})
+        if not isinstance(data["stack"], dict):
+            raise ConfigError("stack: expected a mapping")
+        data["stack"].setdefault("home", home)
+    settings = load_config(Settings, data, env_prefix="TRAINGUARD", environ=env)
+    return _derive_embedded_endpoints(settings, data, env)
+
+
+def _derive_embedded_endpoints(settings: Settings, data: dict[str, Any], env: dict[str, str]) -> Settings:
+    """With the embedded stack on custom ports, point clients at them unless set explicitly."""
+    from dataclasses import replace
+
+    if not settings.stack.embedded:
+        return settings
+    kafka, ch = settings.kafka, settings.clickhouse
+    kafka_set = "bootstrap_servers" in data.get("kafka", {}) or "TRAINGUARD__KAFKA__BOOTSTRAP_SERVERS" in env
+    ch_set = "port" in data.get("clickhouse", {}) or "TRAINGUARD__CLICKHOUSE__PORT" in env
+    if not kafka_set:
+        kafka = replace(kafka, bootstrap_servers=f"127.0.0.1:{settings.stack.kafka_port}")
+    if not ch_set and not ch.dsn:
+        ch = replace(ch, host="127.0.0.1", port=settings.stack.clickhouse_http_port)
+    return replace(settings, kafka=kafka, clickhouse=ch)

@@ -1,0 +1,199 @@
+"""The embedded Apache Kafka broker: KRaft single node (broker + controller), Java 17.
+
+The broker's jars are resolved from Maven Central by Maven from ``infra/kafka/pom.xml`` and
+cached under ``<cache_dir>/kafka-<pom hash>/libs`` (shared by every stack home), so a second
+``stack up`` -- or a second home used by tests -- never downloads again.  The log directory lives
+in the stack home and is formatted once; restarts keep topics, data and group offsets.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from infra.config import KafkaConfig, StackConfig
+from infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
+
+POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
+
+_LOG4J2 = """<Configuration status="WARN">
+  <Appenders>
+    <RollingFile name="F" fileName="{log}" filePattern="{log}.%i">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+      <Policies><SizeBasedTriggeringPolicy size="20 MB"/></Policies>
+      <DefaultRolloverStrategy max="3"/>
+    </RollingFile>
+  </Appenders>
+  <Loggers>
+    <Logger name="kafka" level="INFO"/>
+    <Logger name="org.apache.kafka" level="INFO"/>
+    <Logger name="state.change.logger" level="WARN"/>
+    <Root level="WARN"><AppenderRef ref="F"/></Root>
+  </Loggers>
+</Configuration>
+"""
+
+
+def server_properties(cfg: StackConfig, data_dir: Path) -> str:
+    host = "127.0.0.1"
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{host}:{cfg.kafka_controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{cfg.kafka_port},CONTROLLER://{host}:{cfg.kafka_controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{cfg.kafka_port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir),
+        "num.partitions": "1",
+        # Topics come from the registry (`stack up` creates them); a typo must not invent a topic.
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "10",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # Workers must be ready in seconds, not after the default 3 s rebalance delay.
+        "group.initial.rebalance.delay.ms": "0",
+        "message.max.bytes": str(16 * 1024 * 1024),
+        "log.retention.check.interval.ms": "60000",
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+class KafkaServer:
+    """Resolve jars, format storage once, start/stop/check the local broker."""
+
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.dir = cfg.home_path / "kafka"
+        self.data_dir = self.dir / "data"
+        self.props_file = self.dir / "server.properties"
+        self.proc = ManagedProcess("kafka", self.dir / "kafka.pid", self.dir / "server.log", str(self.props_file))
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.cfg.kafka_port}"
+
+    # -- installation ---------------------------------------------------------------------
+    def libs_dir(self) -> Path:
+        digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+        return self.cfg.cache_path / f"kafka-{digest}" / "libs"
+
+    def ensure_jars(self) -> Path:
+        """Resolve the broker's jars with Maven once; later calls return the cached folder."""
+        libs = self.libs_dir()
+        if (libs / ".complete").exists():
+            return libs
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise StackError(
+                "Maven (mvn) is needed once to fetch the Kafka broker jars from Maven Central; "
+                "install it with `apt-get install -y maven` (scripts/setup.sh does this)."
+            )
+        tmp = libs.with_name("libs.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+               f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
+            raise StackError(
+                "Maven could not resolve the Kafka broker from Maven Central "
+                f"(exit {res.returncode}):\n{(res.stdout + res.stderr)[-2000:]}"
+            )
+        (tmp / ".complete").write_text("ok\n")
+        shutil.rmtree(libs, ignore_errors=True)
+        tmp.rename(libs)
+        return libs
+
+    @staticmethod
+    def java() -> str:
+        java = shutil.which("java")
+        if java is None:
+            raise StackError(
+                "Java 17+ is needed for the Kafka broker; install it with "
+                "`apt-get install -y openjdk-17-jre-headless` (scripts/setup.sh does this)."
+            )
+        out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+        m = re.search(r'version "(\d+)', out)
+        if m and int(m.group(1)) < 17:
+            raise StackError(f"Kafka 4 needs Java 17 or newer; found: {out.splitlines()[0]}")
+        return java
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def _write_config(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.props_file.write_text(server_properties(self.cfg, self.data_dir))
+        (self.dir / "log4j2.xml").write_text(_LOG4J2.format(log=self.dir / "broker.log"))
+
+    def _format_once(self, java: str, libs: Path) -> None:
+        if (self.data_dir / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = [java, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
+               "-t", cluster_id, "-c", str(self.props_file)]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise StackError(f"formatting the Kafka log dir failed:\n{(res.stdout + res.stderr)[-2000:]}")
+
+    def start(self) -> bool:
+        """Start the broker unless it runs already. Returns True if it was started now."""
+        if self.proc.pid() is not None:
+            return False
+        for port in (self.cfg.kafka_port, self.cfg.kafka_controller_port):
+            if port_in_use(port):
+                raise StackError(
+                    f"port {port} is already in use by another process; choose other ports with "
+                    "stack.kafka_port / stack.kafka_controller_port (TRAINGUARD__STACK__KAFKA_PORT)."
+                )
+        java = self.java()
+        libs = self.ensure_jars()
+        self._write_config()
+        self._format_once(java, libs)
+        heap = f"-Xmx{self.cfg.kafka_heap_mb}m"
+        argv = [java, heap, f"-Xms{min(256, self.cfg.kafka_heap_mb)}m", "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
+                "-cp", f"{libs}/*", "kafka.Kafka", str(self.props_file)]  # fmt: skip
+        self.proc.start(argv, cwd=self.dir)
+        return True
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        wait_until(lambda: self.healthy(2.0), timeout_s, "Kafka", self.proc)
+
+    def healthy(self, timeout_s: float = 3.0) -> bool:
+        return self.proc.pid() is not None and broker_reachable(KafkaConfig(bootstrap_servers=self.bootstrap),
+                                                                timeout_s)
+
+    def stop(self) -> bool:
+        return self.proc.stop(timeout_s=60)
+
+
+def broker_reachable(cfg: KafkaConfig, timeout_s: float = 3.0) -> bool:
+    """True if the cluster answers a metadata request (any broker of ``bootstrap_servers``)."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    kw = cfg.client_kwargs()
+    kw["request_timeout_ms"] = int(timeout_s * 1000)
+    try:
+        admin = KafkaAdminClient(**kw, bootstrap_timeout_ms=int(timeout_s * 1000))
+    except (KafkaError, OSError, ValueError):
+        return False
+    try:
+        admin.list_topics()
+        return True
+    except (KafkaError, OSError):
+        return False
+    finally:
+        admin.close()

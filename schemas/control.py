@@ -1,0 +1,150 @@
+"""Control-plane events: detections, decisions, action events, node commands, dead letters.
+
+Decisions carry a **deterministic** id (:func:`decision_id`) derived from what was decided, so a
+decision re-emitted after a worker restart or a rebalance has the same id and the action service
+(idempotent by id) acts on it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from schemas.base import Event, register
+from schemas.enums import Action, Severity
+from schemas.typecheck import rng
+
+_NAME = rng(max_len=256)
+_MS = rng(0, 2**62)
+_ID = rng(max_len=128)
+_TEXT = rng(max_len=65_536)
+
+
+def stable_id(*parts: Any) -> str:
+    """Hex id (20 bytes of SHA-1) of JSON-normalised ``parts``: same inputs, same id.
+
+    >>> stable_id("job-1", "evict", ["node-3"]) == stable_id("job-1", "evict", ["node-3"])
+    True
+    >>> len(stable_id("x"))
+    40
+    """
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()
+
+
+@register
+@dataclass(frozen=True)
+class Detection(Event):
+    """Something a rule or detector found, with the evidence that made it fire."""
+
+    TYPE = "detection"
+    detection_id: str = field(metadata=_ID)
+    ts_ms: int = field(metadata=_MS)
+    job: str = field(metadata=_NAME)
+    kind: str = field(metadata=_NAME)  # rule id or detector name (xid_79, nan_loss, straggler...)
+    category: str = field(metadata=_NAME)  # cuda_error, nic, hang, fail_slow, user_code, ...
+    severity: Severity = Severity.WARNING
+    action: Action = Action.NONE  # the recommendation; the decide step makes the decision
+    node: str = field(default="", metadata=_NAME)
+    ranks: list[int] = field(default_factory=list)
+    score: float | None = field(default=None, metadata=rng(allow_nan=False))
+    message: str = field(default="", metadata=_TEXT)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    #: ts_ms of the event that triggered the detection (for detect-latency accounting).
+    source_ts_ms: int = field(default=0, metadata=_MS)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What a decision acts on: machines (node names), ranks, and the parallel group if any."""
+
+    machines: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    group_kind: str = field(default="", metadata=_NAME)  # tp / pp / dp / machine / job
+
+
+def decision_id(job: str, action: Action, targets: Targets, window_start_ms: int) -> str:
+    """The deterministic id of a decision: same job, action, targets and window -> same id."""
+    return stable_id(job, action.value, sorted(targets.machines), sorted(targets.ranks), window_start_ms)
+
+
+@register
+@dataclass(frozen=True)
+class Decision(Event):
+    """What to do about a job, decided from one or more detections (workers -> action service)."""
+
+    TYPE = "decision"
+    decision_id: str = field(metadata=_ID)
+    ts_ms: int = field(metadata=_MS)
+    job: str = field(metadata=_NAME)
+    action: Action
+    targets: Targets = field(default_factory=Targets)
+    reason: str = field(default="", metadata=_TEXT)
+    detection_ids: list[str] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class ActionPhase(str, Enum):
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    HELD = "held"  # above the blast-radius cap: waits for an operator
+
+
+@register
+@dataclass(frozen=True)
+class ActionEvent(Event):
+    """One step of a recovery run by the action service (started/succeeded/failed, timed)."""
+
+    TYPE = "action_event"
+    event_id: str = field(metadata=_ID)
+    decision_id: str = field(metadata=_ID)
+    ts_ms: int = field(metadata=_MS)
+    job: str = field(metadata=_NAME)
+    step: str = field(metadata=_NAME)  # stop / evict / swap_standby / restart / rollback / diagnose ...
+    phase: ActionPhase
+    action: Action = Action.NONE
+    duration_ms: float = field(default=0.0, metadata=rng(0, 1e12))
+    detail: str = field(default="", metadata=_TEXT)
+    targets: Targets = field(default_factory=Targets)
+
+
+class CommandKind(str, Enum):
+    CAPTURE_STACKS = "capture_stacks"  # py-spy every training process (rounds x interval_s)
+    SET_INTERVAL = "set_interval"  # change a source's sampling interval at runtime
+    SET_THRESHOLD = "set_threshold"  # change a detector threshold at runtime (workers)
+
+
+@register
+@dataclass(frozen=True)
+class Command(Event):
+    """Control plane -> node exporter (keyed by node) or -> workers (control topic)."""
+
+    TYPE = "command"
+    command_id: str = field(metadata=_ID)
+    ts_ms: int = field(metadata=_MS)
+    kind: CommandKind
+    node: str = field(default="", metadata=_NAME)  # "" = every node that reads the topic
+    job: str = field(default="", metadata=_NAME)
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@register
+@dataclass(frozen=True)
+class DeadLetter(Event):
+    """An input that could not be processed, with the precise reason; never dropped silently."""
+
+    TYPE = "dead_letter"
+    ts_ms: int = field(metadata=_MS)
+    topic: str = field(metadata=_NAME)
+    reason: str = field(metadata=_TEXT)
+    stage: str = field(default="decode", metadata=_NAME)  # decode / process / sink
+    partition: int = field(default=-1, metadata=rng(-1, 1_000_000))
+    offset: int = field(default=-1, metadata=rng(-1, 2**63 - 1))
+    key: str = field(default="", metadata=rng(max_len=4096))
+    #: the offending bytes: UTF-8 text when decodable, else base64 with ``payload_b64`` set.
+    payload: str = field(default="", metadata=rng(max_len=1_048_576))
+    payload_b64: bool = False

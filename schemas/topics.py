@@ -1,0 +1,99 @@
+"""The topic registry: every Kafka topic's name, event type, record key and partition count.
+
+Keys decide ordering and co-location: node telemetry is keyed by node (one node's samples stay
+in order), training telemetry and decisions by job (one worker owns a job's state), commands by
+node (a node's exporter reads its own commands in order).  ``trainguard stack up`` creates every
+topic with these partition counts before any worker starts (Faust crashes with
+``PartitionsMismatch`` on auto-created topics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.base import Event
+from schemas.control import ActionEvent, Command, Decision, DeadLetter, Detection
+from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
+from schemas.workload import LogLine, ProcessExit, StackDump, TrainingStep
+
+PREFIX = "trainguard."
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    event: type[Event]
+    #: event field whose value is the record key.
+    key_field: str
+    partitions: int
+    retention_ms: int = 7 * DAY_MS
+    #: larger than Kafka's 1 MiB default where events are big (stack dumps).
+    max_message_bytes: int = 1_048_576
+    doc: str = ""
+    extra_configs: dict[str, str] = field(default_factory=dict)
+
+    def key_of(self, event: Event) -> bytes:
+        value = getattr(event, self.key_field)
+        return str(value).encode()
+
+    def configs(self) -> dict[str, str]:
+        return {
+            "retention.ms": str(self.retention_ms),
+            "max.message.bytes": str(self.max_message_bytes),
+            **self.extra_configs,
+        }
+
+
+def _t(short: str, event: type[Event], key: str, partitions: int, doc: str, **kw: object) -> Topic:
+    return Topic(PREFIX + short, event, key, partitions, doc=doc, **kw)  # type: ignore[arg-type]
+
+
+GPU = _t("telemetry.gpu", GpuSampleBatch, "node", 8, "NVML samples of every GPU of a node")
+HOST = _t("telemetry.host", HostSample, "node", 8, "CPU/memory/disk of a node")
+NIC = _t("telemetry.nic", NicSampleBatch, "node", 8, "Ethernet/InfiniBand interfaces of a node")
+LOGS = _t("telemetry.logs", LogLine, "node", 8, "kernel log and training stdout/stderr lines")
+HEARTBEATS = _t("telemetry.heartbeats", Heartbeat, "node", 4, "liveness of exporters/workers/services")
+STEPS = _t("training.steps", TrainingStep, "job", 8, "per-rank step telemetry")
+EXITS = _t("training.exits", ProcessExit, "job", 4, "training process exits")
+STACKS = _t(
+    "training.stacks", StackDump, "job", 4, "py-spy dumps per capture", max_message_bytes=8 * 1_048_576
+)
+DETECTIONS = _t("control.detections", Detection, "job", 4, "rule/detector findings with evidence")
+DECISIONS = _t(
+    "control.decisions", Decision, "job", 4, "recovery decisions (deterministic ids)", retention_ms=30 * DAY_MS
+)
+ACTIONS = _t(
+    "control.actions", ActionEvent, "job", 4, "action service step events", retention_ms=30 * DAY_MS
+)
+COMMANDS = _t("control.commands", Command, "node", 4, "control plane -> node exporters")
+CONTROL = _t("control.workers", Command, "job", 1, "runtime threshold changes for workers")
+DEAD_LETTERS = _t(
+    "deadletter", DeadLetter, "topic", 1, "inputs that could not be processed", retention_ms=30 * DAY_MS
+)
+
+TOPICS: tuple[Topic, ...] = (
+    GPU,
+    HOST,
+    NIC,
+    LOGS,
+    HEARTBEATS,
+    STEPS,
+    EXITS,
+    STACKS,
+    DETECTIONS,
+    DECISIONS,
+    ACTIONS,
+    COMMANDS,
+    CONTROL,
+    DEAD_LETTERS,
+)
+BY_NAME: dict[str, Topic] = {t.name: t for t in TOPICS}
+
+
+def topic_for(event: Event) -> Topic:
+    """The topic an event is published to (the first registered for its type)."""
+    for t in TOPICS:
+        if isinstance(event, t.event):
+            return t
+    raise KeyError(f"no topic carries {type(event).__name__}")

@@ -1,0 +1,131 @@
+"""Events about the training workload: step telemetry, log lines, process exits, stack dumps.
+
+Producers: the training reporter (inside rank processes) and the node exporter (kernel log,
+process tracking, on-demand py-spy tracer).  ``loss`` and ``grad_norm`` may be NaN/Inf on the
+wire on purpose: a non-finite loss is the very signal the NaN detector looks for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.base import Event, register
+from schemas.enums import ProcessRole
+from schemas.typecheck import rng
+
+_NAME = rng(max_len=256)
+_MS = rng(0, 2**62)
+_RANK = rng(-1, 10_000_000)  # -1: not tied to a rank (e.g. kernel log of the node)
+_PID = rng(0, 2**31 - 1)
+
+
+@register
+@dataclass(frozen=True)
+class TrainingStep(Event):
+    """One optimizer step of one rank (training reporter)."""
+
+    TYPE = "training_step"
+    job: str = field(metadata=_NAME)
+    rank: int = field(metadata=rng(0, 10_000_000))
+    step: int = field(metadata=rng(0, 2**62))
+    ts_ms: int = field(metadata=_MS)
+    node: str = field(default="", metadata=_NAME)
+    loss: float | None = field(default=None, metadata=rng(allow_nan=True))
+    grad_norm: float | None = field(default=None, metadata=rng(0, None, allow_nan=True))
+    step_time_s: float | None = field(default=None, metadata=rng(0, 1e7))
+    tokens: int | None = field(default=None, metadata=rng(0, 2**62))
+    tokens_per_s: float | None = field(default=None, metadata=rng(0, 1e15))
+    mfu: float | None = field(default=None, metadata=rng(0, 1))
+    #: reporter queue drops since the last delivered step (never silently lost).
+    dropped: int = field(default=0, metadata=rng(0, 2**62))
+
+
+@register
+@dataclass(frozen=True)
+class LogLine(Event):
+    """One line of a kernel log or of a training process's stdout/stderr."""
+
+    TYPE = "log_line"
+    node: str = field(metadata=_NAME)
+    ts_ms: int = field(metadata=_MS)
+    source: str = field(metadata=_NAME)  # kernel / stdout / stderr / file path
+    line: str = field(metadata=rng(max_len=65_536))
+    #: position in the source (byte offset or line number) -- with node+source, the dedup key.
+    seq: int = field(default=0, metadata=rng(0, 2**63 - 1))
+    job: str = field(default="", metadata=_NAME)
+    rank: int = field(default=-1, metadata=_RANK)
+
+
+@register
+@dataclass(frozen=True)
+class ProcessExit(Event):
+    """A training process (or one of its children) ended."""
+
+    TYPE = "process_exit"
+    node: str = field(metadata=_NAME)
+    ts_ms: int = field(metadata=_MS)
+    pid: int = field(metadata=_PID)
+    job: str = field(default="", metadata=_NAME)
+    rank: int = field(default=-1, metadata=_RANK)
+    role: ProcessRole = ProcessRole.MAIN
+    exit_code: int | None = field(default=None, metadata=rng(-255, 255))
+    signal: int | None = field(default=None, metadata=rng(0, 128))
+    reason: str = field(default="", metadata=rng(max_len=4096))
+    traceback: str = field(default="", metadata=rng(max_len=262_144))
+
+    def __post_init__(self) -> None:
+        if self.exit_code is None and self.signal is None and not self.reason:
+            raise ValueError("a process exit needs an exit_code, a signal or a reason")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str = field(metadata=rng(max_len=1024))
+    filename: str = field(default="", metadata=rng(max_len=4096))
+    line: int = field(default=0, metadata=rng(0, 10_000_000))
+    module: str = field(default="", metadata=rng(max_len=1024))
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """Frames innermost first, as py-spy prints them."""
+
+    thread_id: int = field(default=0, metadata=rng(0, 2**64 - 1))
+    name: str = field(default="", metadata=rng(max_len=1024))
+    active: bool = True
+    owns_gil: bool = False
+    frames: list[Frame] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process in a rank's process tree."""
+
+    pid: int = field(metadata=_PID)
+    ppid: int = field(default=0, metadata=_PID)
+    role: ProcessRole = ProcessRole.OTHER
+    cmdline: str = field(default="", metadata=rng(max_len=8192))
+    state: str = field(default="", metadata=rng(max_len=16))  # /proc/PID/stat state letter
+
+
+@register
+@dataclass(frozen=True)
+class StackDump(Event):
+    """py-spy stacks of one process of a rank, captured for ``capture_id`` (on-demand tracer)."""
+
+    TYPE = "stack_dump"
+    job: str = field(metadata=_NAME)
+    node: str = field(metadata=_NAME)
+    rank: int = field(metadata=_RANK)
+    pid: int = field(metadata=_PID)
+    capture_id: str = field(metadata=_NAME)
+    ts_ms: int = field(metadata=_MS)
+    role: ProcessRole = ProcessRole.MAIN
+    round: int = field(default=0, metadata=rng(0, 10_000))
+    threads: list[ThreadStack] = field(default_factory=list)
+    #: the process tree the dump belongs to (the rank's main process and its children).
+    process_tree: list[ProcessInfo] = field(default_factory=list)
+    #: py-spy's text output, kept for humans and postmortems.
+    raw_text: str = field(default="", metadata=rng(max_len=1_048_576))
+    #: set when py-spy failed (process gone, permission): a missing stack is evidence too.
+    error: str = field(default="", metadata=rng(max_len=4096))

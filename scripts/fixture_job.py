@@ -1,0 +1,276 @@
+"""A tiny but real 3D-parallel (TP x PP x DP) gloo training job used to capture stack fixtures.
+
+One process per rank (launched by ``scripts/capture_stack_fixtures.py`` with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT``).  The job mirrors the
+communication pattern of Megatron-LM on CPU so that py-spy sees the same kinds of frames a
+hung production job shows:
+
+* every TP/DP/PP group is created with ``new_group`` (all ranks create all groups, in order);
+* forward: ``recv_forward`` from the previous stage, a row-parallel linear whose output is
+  all-reduced in the TP group, ``send_forward`` to the next stage;
+* backward: ``recv_backward`` from the next stage, a TP all-reduce of the input grad (the
+  column-parallel backward), ``send_backward`` to the previous stage;
+* ``finalize_model_grads``: DP all-reduce of every grad;
+* a DataLoader with one worker process, and optionally an asynchronous checkpoint writer
+  process whose previous save the optimizer step waits for (ByteRobust §6.3 ordering).
+
+Faults (``--fault``, on ``--fault-rank`` from step ``--fault-step``): ``compute_hang`` (spins in
+the forward matmul), ``dataloader_hang`` (the worker blocks reading a FIFO nobody writes),
+``checkpoint_hang`` (the writer blocks opening a FIFO checkpoint path), ``skip_send`` (the
+forward send to the next stage is skipped), ``slow_rank`` (each forward takes ``--slow-s``
+longer: a fail-slow straggler).  The function names follow Megatron's on purpose: the analyser's
+pattern table targets real framework names, and this job stands in for such a framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+HIDDEN = 16
+
+
+class Topo:
+    """Megatron's default tp-dp-pp order: rank = tp + TP*dp + TP*DP*pp."""
+
+    def __init__(self, tp: int, pp: int, dp: int, rank: int) -> None:
+        self.tp, self.pp, self.dp = tp, pp, dp
+        self.tp_i = rank % tp
+        self.dp_i = (rank // tp) % dp
+        self.pp_i = rank // (tp * dp)
+
+    def rank(self, tp_i: int, dp_i: int, pp_i: int) -> int:
+        return tp_i + self.tp * dp_i + self.tp * self.dp * pp_i
+
+
+def build_groups(t: Topo) -> dict[str, Any]:
+    """Every rank must call new_group for every group in the same order (torch requirement)."""
+    mine: dict[str, Any] = {}
+    for kind in ("tp", "dp", "pp"):
+        for a in range({"tp": t.dp, "dp": t.tp, "pp": t.tp}[kind]):
+            for b in range({"tp": t.pp, "dp": t.pp, "pp": t.dp}[kind]):
+                if kind == "tp":
+                    ranks = [t.rank(i, a, b) for i in range(t.tp)]
+                elif kind == "dp":
+                    ranks = [t.rank(a, i, b) for i in range(t.dp)]
+                else:
+                    ranks = [t.rank(a, b, i) for i in range(t.pp)]
+                group = dist.new_group(ranks)
+                if dist.get_rank() in ranks:
+                    mine[kind] = group
+    return mine
+
+
+class TokenDataset(Dataset[torch.Tensor]):
+    """Deterministic random samples; on the faulty rank the worker blocks like a stuck storage read."""
+
+    def __init__(self, hang_from: int | None, fifo: str) -> None:
+        self.hang_from = hang_from
+        self.fifo = fifo
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, idx: int) -> torch.Tensor:
+        if self.hang_from is not None and idx >= self.hang_from:
+            read_shard(self.fifo)
+        g = torch.Generator().manual_seed(idx)
+        return torch.randn(HIDDEN, generator=g)
+
+
+def read_shard(path: str) -> bytes:
+    # Opening a FIFO for reading blocks until a writer appears: a storage read that never returns.
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def checkpoint_writer(jobs: Any, acks: Any) -> None:
+    """Asynchronous checkpoint process: torch.save each state dict it is handed, then acknowledge."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        path, state = job
+        torch.save(state, path)
+        acks.put(path)
+
+
+class _CopyToTensorParallelRegion(torch.autograd.Function):
+    """Identity forward, TP all-reduce of the grad in backward (Megatron's column-parallel input)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def reduce_from_tensor_model_parallel_region(x: torch.Tensor, group: Any) -> torch.Tensor:
+    out = x.detach().clone()
+    dist.all_reduce(out, group=group)
+    # Gradient of a sum-all-reduce is the identity: keep the local graph, take the reduced value.
+    return x + (out - x).detach()
+
+
+class Stage:
+    def __init__(self, args: argparse.Namespace, t: Topo, groups: dict[str, Any]) -> None:
+        self.args, self.t, self.groups = args, t, groups
+        torch.manual_seed(t.pp_i)
+        self.weight = torch.nn.Parameter(torch.randn(HIDDEN, HIDDEN) * 0.1)
+        self.opt = torch.optim.SGD([self.weight], lr=1e-3)
+        self.prev = t.rank(t.tp_i, t.dp_i, t.pp_i - 1) if t.pp_i > 0 else None
+        self.next = t.rank(t.tp_i, t.dp_i, t.pp_i + 1) if t.pp_i < t.pp - 1 else None
+
+    def faulty(self, step: int, kind: str) -> bool:
+        a = self.args
+        return a.fault == kind and dist.get_rank() == a.fault_rank and step >= a.fault_step
+
+    def forward_step(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        x = _CopyToTensorParallelRegion.apply(x, self.groups["tp"])
+        y = x @ self.weight
+        if self.faulty(step, "compute_hang"):
+            spin_compute(y)
+        if self.faulty(step, "slow_rank"):
+            slow_compute(y, self.args.slow_s)
+        y = reduce_from_tensor_model_parallel_region(y, self.groups["tp"])
+        return torch.tanh(y)
+
+
+def spin_compute(y: torch.Tensor) -> None:
+    # A kernel that never finishes: keep the CPU busy in real matmuls forever.
+    z = y.detach()
+    while True:
+        z = torch.tanh(z @ z.T @ z)
+
+
+def slow_compute(y: torch.Tensor, seconds: float) -> None:
+    # A straggler (thermal throttling, a bad HBM row being remapped): same work, much slower.
+    end = time.monotonic() + seconds
+    z = y.detach()
+    while time.monotonic() < end:
+        z = torch.tanh(z @ z.T @ z)
+        time.sleep(0.01)
+
+
+def recv_forward(stage: Stage) -> torch.Tensor:
+    buf = torch.empty(1, HIDDEN)
+    dist.recv(buf, src=stage.prev)
+    return buf.requires_grad_()
+
+
+def send_forward(stage: Stage, y: torch.Tensor) -> None:
+    dist.send(y.detach().contiguous(), dst=stage.next)
+
+
+def recv_backward(stage: Stage) -> torch.Tensor:
+    buf = torch.empty(1, HIDDEN)
+    dist.recv(buf, src=stage.next)
+    return buf
+
+
+def send_backward(stage: Stage, grad: torch.Tensor) -> None:
+    dist.send(grad.contiguous(), dst=stage.prev)
+
+
+def finalize_model_grads(stage: Stage) -> None:
+    grad = stage.weight.grad
+    assert grad is not None
+    dist.all_reduce(grad, group=stage.groups["dp"])
+    grad /= stage.t.dp
+
+
+def train_step(stage: Stage, batch: torch.Tensor, step: int) -> float:
+    s = stage
+    x = batch.view(1, HIDDEN).requires_grad_() if s.prev is None else recv_forward(s)
+    y = s.forward_step(x, step)
+    if s.next is not None:
+        if not s.faulty(step, "skip_send"):
+            send_forward(s, y)
+        grad_y = recv_backward(s)
+        y.backward(grad_y)
+        loss = 0.0
+    else:
+        out = (y**2).mean()
+        out.backward()
+        loss = float(out)
+    if s.prev is not None:
+        assert x.grad is not None
+        send_backward(s, x.grad)
+    finalize_model_grads(s)
+    return loss
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--pp", type=int, required=True)
+    p.add_argument("--dp", type=int, required=True)
+    p.add_argument("--fault", default="none")
+    p.add_argument("--fault-rank", type=int, default=-1)
+    p.add_argument("--fault-step", type=int, default=3)
+    p.add_argument("--slow-s", type=float, default=1.5)
+    p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--workdir", required=True)
+    args = p.parse_args()
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    t = Topo(args.tp, args.pp, args.dp, rank)
+    groups = build_groups(t)
+    stage = Stage(args, t, groups)
+    work = Path(args.workdir)
+
+    # Only the faulty rank's worker hangs; every sample index of a step is step*1 (batch size 1).
+    data_hang = args.fault_step if args.fault == "dataloader_hang" and rank == args.fault_rank else None
+    loader = DataLoader(TokenDataset(data_hang, str(work / "data.fifo")), batch_size=1, num_workers=1)
+    batches = iter(loader)
+
+    ckpt_jobs: Any = None
+    ckpt_acks: Any = None
+    pending = False
+    if args.checkpoint:
+        ctx = mp.get_context("fork")
+        ckpt_jobs, ckpt_acks = ctx.Queue(), ctx.Queue()
+        ctx.Process(target=checkpoint_writer, args=(ckpt_jobs, ckpt_acks), daemon=True).start()
+
+    step = 0
+    while True:
+        batch = next(batches)
+        train_step(stage, batch, step)
+        if pending:
+            wait_for_checkpoint(ckpt_acks)
+            pending = False
+        stage.opt.step()
+        stage.opt.zero_grad()
+        if ckpt_jobs is not None:
+            hang = args.fault == "checkpoint_hang" and rank == args.fault_rank and step >= args.fault_step
+            path = work / ("ckpt.fifo" if hang else f"ckpt_rank{rank}.pt")
+            ckpt_jobs.put((str(path), {"weight": stage.weight.detach().clone(), "step": step}))
+            pending = True
+        (work / f"step_rank{rank}").write_text(str(step))
+        step += 1
+        time.sleep(args.step_sleep)
+
+
+def wait_for_checkpoint(acks: Any) -> None:
+    # The optimizer step must not overwrite state the writer has not saved yet.
+    acks.get()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""``trainguard stack ...``, ``trainguard migrate`` and ``trainguard store prune``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from infra.clickhouse.store import ClickHouseStore
+from infra.stack.manager import Stack
+from trainguard.context import friendly_errors, settings
+
+
+@click.group()
+def stack() -> None:
+    """Start, stop and inspect the embedded Kafka + ClickHouse stack."""
+
+
+@stack.command()
+@click.pass_context
+@friendly_errors
+def up(ctx: click.Context) -> None:
+    """Start Kafka (KRaft) and ClickHouse, create topics, apply migrations (idempotent)."""
+    report = Stack(settings(ctx)).up()
+    started = ", ".join(report.started) or "nothing (already running)"
+    click.echo(f"started: {started}")
+    if report.topics_created:
+        click.echo(f"topics created: {len(report.topics_created)}")
+    if report.migrations_applied:
+        click.echo(f"migrations applied: {', '.join(report.migrations_applied)}")
+    click.echo(f"stack healthy in {report.seconds:.1f}s")
+
+
+@stack.command()
+@click.pass_context
+@friendly_errors
+def down(ctx: click.Context) -> None:
+    """Stop this stack home's Kafka and ClickHouse processes (and nothing else)."""
+    stopped = Stack(settings(ctx)).down()
+    click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@stack.command()
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@friendly_errors
+def reset(ctx: click.Context, yes: bool) -> None:
+    """Stop the stack and delete its data (topics, tables) under the stack home."""
+    s = settings(ctx)
+    if not yes:
+        click.confirm(f"Delete all Kafka and ClickHouse data under {s.stack.home_path}?", abort=True)
+    stopped = Stack(s).reset()
+    click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}; data deleted")
+
+
+@stack.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@friendly_errors
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Endpoints and health; exit code 0 only when both servers are healthy."""
+    st = Stack(settings(ctx)).status()
+    if as_json:
+        click.echo(json.dumps(st, sort_keys=True))
+    else:
+        k, c = st["kafka"], st["clickhouse"]
+        ok = {True: "healthy", False: "DOWN"}
+        click.echo(f"kafka       {ok[k['healthy']]:8} {k['bootstrap_servers']}")
+        click.echo(f"clickhouse  {ok[c['healthy']]:8} {c['url']} database={c['database']}")
+        if st.get("home"):
+            click.echo(f"home        {st['home']}")
+    ctx.exit(0 if st["healthy"] else 1)
+
+
+@click.command()
+@click.pass_context
+@friendly_errors
+def migrate(ctx: click.Context) -> None:
+    """Apply the ClickHouse migrations that are not yet recorded (idempotent)."""
+    store = ClickHouseStore(settings(ctx).clickhouse)
+    applied = store.migrate()
+    click.echo("applied: " + (", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none (up to date)"))
+
+
+@click.group()
+def store() -> None:
+    """ClickHouse store maintenance."""
+
+
+@store.command()
+@click.option("--keep-days", type=click.IntRange(min=0), default=14, show_default=True)
+@click.pass_context
+@friendly_errors
+def prune(ctx: click.Context, keep_days: int) -> None:
+    """Drop daily partitions of raw telemetry older than --keep-days (retention)."""
+    dropped = ClickHouseStore(settings(ctx).clickhouse).prune(keep_days)
+    for table, part in dropped:
+        click.echo(f"dropped {table} partition {part}")
+    click.echo(f"{len(dropped)} partition(s) dropped")
+
+
+COMMANDS = [stack, migrate, store]
