@@ -346,8 +346,8 @@ def default_rule_table() -> RuleTable:
 
 # --- structured samples ---------------------------------------------------------------------
 
-_THROTTLE_PREFIXES = ("nvmlclocksthrottlereason", "nvmlclockseventreason", "clocks_throttle_reason_",
-                      "clocks_event_reason_", "clocksthrottlereason", "clockseventreason")
+_THROTTLE_PREFIXES = ("nvml_", "clocks_throttle_reason_", "clocks_event_reason_")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
 def _num(v: Any) -> float | None:
@@ -356,8 +356,9 @@ def _num(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def _growth(sample: Mapping[str, Any], name: str) -> float | None:
+def _growth(sample: Mapping[str, Any], name: str, prev_default: float | None = None) -> float | None:
     now, prev = _num(sample.get(name)), _num(sample.get(name + "_prev"))
+    prev = prev_default if prev is None else prev
     return None if now is None or prev is None else now - prev
 
 
@@ -369,7 +370,8 @@ def _throttle(v: Any) -> list[str]:
     out = []
     for item in v:
         if isinstance(item, str):
-            s = item.strip().lower().replace(" ", "_")
+            # "nvmlClocksThrottleReasonHwThermalSlowdown" / "HW Thermal Slowdown" -> "hw_thermal_slowdown"
+            s = _CAMEL.sub("_", item.strip()).lower().replace(" ", "_")
             for pre in _THROTTLE_PREFIXES:
                 s = s.removeprefix(pre)
             out.append(s)
@@ -382,8 +384,9 @@ def nvml_fields(sample: Mapping[str, Any]) -> dict[str, Any]:
     Input keys: ``state`` ("ok", "lost", ...), ``ecc_volatile_uncorrected`` (int),
     ``remap_failure``/``remap_pending`` (bool), ``temperature_c`` (float),
     ``throttle_reasons`` (list of NVML reason names), ``pcie_replay_count`` and
-    ``pcie_replay_count_prev`` (ints).  Derived: ``pcie_replay_growth``,
-    ``ecc_volatile_uncorrected_growth``.  Wrongly typed values are dropped, never raised.
+    ``pcie_replay_count_prev`` (ints), optionally ``ecc_volatile_uncorrected_prev``.  Derived:
+    ``pcie_replay_growth`` and ``ecc_volatile_uncorrected_growth`` (previous ECC count taken
+    as 0 when absent).  Wrongly typed values are dropped, never raised.
 
     >>> nvml_fields({"pcie_replay_count": 40, "pcie_replay_count_prev": 10})["pcie_replay_growth"]
     30.0
@@ -395,7 +398,9 @@ def nvml_fields(sample: Mapping[str, Any]) -> dict[str, Any]:
         out["state"] = out["state"].strip().lower().replace(" ", "_")
     out["throttle_reasons"] = _throttle(sample.get("throttle_reasons"))
     out["pcie_replay_growth"] = _growth(sample, "pcie_replay_count")
-    out["ecc_volatile_uncorrected_growth"] = _growth(sample, "ecc_volatile_uncorrected")
+    # No previous ECC sample: every uncorrected error counted so far is news to us.  PCIe replays
+    # accumulate harmlessly over uptime, so their growth needs a real previous value.
+    out["ecc_volatile_uncorrected_growth"] = _growth(sample, "ecc_volatile_uncorrected", prev_default=0.0)
     return out
 
 

@@ -22,6 +22,8 @@ import numpy as np
 from detectors.base import AnomalyDetector, clean_sample, finite_score
 from schemas.typecheck import rng
 
+Z_CLIP = 1e6
+
 
 @dataclass(frozen=True)
 class AutoencoderParams:
@@ -142,7 +144,9 @@ class Autoencoder(AnomalyDetector):
         if not self._weights or not present.any():
             return 0.0
         values = np.array([sample.get(f, m) for f, m in zip(self._features, self._mean, strict=True)])
-        z = (values - self._mean) / self._std
+        # Beyond a million standard deviations the exact distance no longer matters; clipping keeps
+        # the squared error finite for absurd readings.
+        z = np.clip((values - self._mean) / self._std, -Z_CLIP, Z_CLIP)
         err = (forward(self._weights, z[None, :])[0] - z)[present]
         return finite_score(math.sqrt(float(np.mean(err * err))))
 
@@ -151,15 +155,20 @@ class Autoencoder(AnomalyDetector):
         yield {"window_size": 128, "refit_every": 64, "warmup": 32, "hidden": 8, "steps": 30, "seed": 5}
 
 
-def _train(weights: list[np.ndarray], Z: np.ndarray, gen: np.random.Generator, p: Any) -> list[np.ndarray]:
-    """Run ``p.steps`` Adam steps on mini-batches of ``Z``; return the new weights as numpy."""
+def import_torch() -> Any:
+    """Import torch on demand (seconds of start-up that ``import detectors`` must not pay)."""
     import warnings
 
     with warnings.catch_warnings():
         # torch's CUDA probe warns about the deprecated pynvml package; irrelevant on CPU.
         warnings.simplefilter("ignore", FutureWarning)
         import torch
+    return torch
 
+
+def _train(weights: list[np.ndarray], Z: np.ndarray, gen: np.random.Generator, p: Any) -> list[np.ndarray]:
+    """Run ``p.steps`` Adam steps on mini-batches of ``Z``; return the new weights as numpy."""
+    torch = import_torch()
     threads = torch.get_num_threads()
     # One thread: the stream worker shares the machine, and tiny matmuls gain nothing from more.
     torch.set_num_threads(1)

@@ -103,7 +103,11 @@ class EWMAZScore(AnomalyDetector):
             a = max(p.alpha, 1.0 / count)
             diff = value - mean
             incr = a * diff
-            st[0], st[1], st[2] = count, mean + incr, (1.0 - a) * (var + diff * incr)
+            new_var = (1.0 - a) * (var + diff * incr)
+            # A reading near the float limit would overflow the variance to inf and blind the
+            # feature for good; such a value is dropped instead.
+            if math.isfinite(new_var):
+                st[0], st[1], st[2] = count, mean + incr, new_var
 
     @classmethod
     def _unit_test_params(cls) -> Iterator[dict[str, Any]]:

@@ -20,6 +20,8 @@ import numpy as np
 from detectors.base import AnomalyDetector, clean_sample, finite_score
 from schemas.typecheck import rng
 
+F32_MAX = float(np.finfo(np.float32).max)
+
 
 def average_path_length(n: np.ndarray) -> np.ndarray:
     """Expected path length ``c(n)`` of an unsuccessful BST search among ``n`` points.
@@ -76,8 +78,9 @@ class FlatForest:
 
     def score(self, x: np.ndarray) -> float:
         """``-score_samples`` of one feature vector (in (0, 1], ~0.5 is ordinary)."""
-        # scikit-learn trees compare float32 inputs against float64 thresholds.
-        x = np.asarray(x, dtype=np.float32).astype(np.float64)
+        # scikit-learn trees compare float32 inputs against float64 thresholds; clip first so an
+        # absurd reading lands on the extreme branch instead of overflowing to inf.
+        x = np.clip(x, -F32_MAX, F32_MAX).astype(np.float32).astype(np.float64)
         node = np.zeros(len(self.rows), dtype=np.intp)
         for _ in range(self.depth):
             go_left = x[self.feature[self.rows, node]] <= self.threshold[self.rows, node]

@@ -125,15 +125,21 @@ class ClickHouseServer:
         )
         (self.dir / "users.xml").write_text(_USERS)
 
-    def start(self) -> bool:
+    def check_ports(self) -> None:
+        """Fail with a clear message if another process holds one of our ports."""
         if self.proc.pid() is not None:
-            return False
+            return
         for port in (self.cfg.clickhouse_http_port, self.cfg.clickhouse_tcp_port):
             if port_in_use(port):
                 raise StackError(
                     f"port {port} is already in use by another process; choose other ports with "
                     "stack.clickhouse_http_port / stack.clickhouse_tcp_port."
                 )
+
+    def start(self) -> bool:
+        if self.proc.pid() is not None:
+            return False
+        self.check_ports()
         argv = find_binary() or install_with_apt()
         self._write_config()
         self.proc.start([*argv, f"--config-file={self.config_file}"], cwd=self.dir)

@@ -145,16 +145,22 @@ class KafkaServer:
         if res.returncode != 0:
             raise StackError(f"formatting the Kafka log dir failed:\n{(res.stdout + res.stderr)[-2000:]}")
 
-    def start(self) -> bool:
-        """Start the broker unless it runs already. Returns True if it was started now."""
+    def check_ports(self) -> None:
+        """Fail with a clear message if another process holds one of our ports."""
         if self.proc.pid() is not None:
-            return False
+            return
         for port in (self.cfg.kafka_port, self.cfg.kafka_controller_port):
             if port_in_use(port):
                 raise StackError(
                     f"port {port} is already in use by another process; choose other ports with "
                     "stack.kafka_port / stack.kafka_controller_port (TRAINGUARD__STACK__KAFKA_PORT)."
                 )
+
+    def start(self) -> bool:
+        """Start the broker unless it runs already. Returns True if it was started now."""
+        if self.proc.pid() is not None:
+            return False
+        self.check_ports()
         java = self.java()
         libs = self.ensure_jars()
         self._write_config()

@@ -46,6 +46,9 @@ class Stack:
         t0 = time.monotonic()
         report = UpReport()
         self.settings.stack.home_path.mkdir(parents=True, exist_ok=True)
+        # Check every port before starting anything: no half-started stack on a conflict.
+        self.clickhouse.check_ports()
+        self.kafka.check_ports()
         # Start both first, then wait: the JVM's start-up overlaps ClickHouse's.
         if self.clickhouse.start():
             report.started.append("clickhouse")

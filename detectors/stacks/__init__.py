@@ -1,0 +1,40 @@
+"""Over-eviction analysis of py-spy stacks (ByteRobust §5): parse per-rank dumps, classify
+frames with a pattern table, find the rank(s) a hung or slow job waits on, and name the
+parallel group and machines to evict.  Pure: file reading at most, no network or subprocesses."""
+
+from detectors.stacks.analysis import RankState, RoundAnalysis, analyze_round, rank_states
+from detectors.stacks.classifier import OverEvictionClassifier
+from detectors.stacks.config import OverEvictionConfig
+from detectors.stacks.loader import RankDumps, Round, collect_round, load_dump_dir
+from detectors.stacks.model import DumpName, Frame, ProcessDump, ThreadStack
+from detectors.stacks.parse import DumpParser, StackParseError
+from detectors.stacks.patterns import PatternTable, Role, Rule
+from detectors.stacks.result import Evidence, OverEvictionResult, StackClass, Vote
+from detectors.stacks.roles import StackReader
+
+__all__ = [
+    "DumpName",
+    "DumpParser",
+    "Evidence",
+    "Frame",
+    "OverEvictionClassifier",
+    "OverEvictionConfig",
+    "OverEvictionResult",
+    "PatternTable",
+    "ProcessDump",
+    "RankDumps",
+    "RankState",
+    "Role",
+    "Round",
+    "RoundAnalysis",
+    "Rule",
+    "StackClass",
+    "StackParseError",
+    "StackReader",
+    "ThreadStack",
+    "Vote",
+    "analyze_round",
+    "collect_round",
+    "load_dump_dir",
+    "rank_states",
+]

@@ -1,0 +1,205 @@
+"""The over-eviction classifier: rounds of per-rank stacks -> verdict and the group to evict.
+
+* **Hang** (one round, or several rounds in which the stacks did not move): the wait-for
+  analysis of the last round names the root rank(s); the parallel group holding them is evicted.
+* **Fail-slow** (several rounds whose stacks moved; ByteRobust samples every 10 s): each round
+  whose analysis is confident flags the group holding its roots; after the configured number
+  of rounds the group flagged most is evicted if it was flagged in enough rounds.
+* Otherwise the job is **healthy** and nothing is evicted.
+
+The evicted group is the first kind in ``evict_preference`` (default PP, then TP, then DP)
+that has one group holding every root; when no single group does, the group holding the most
+roots.  Machines are ``rank // ranks_per_machine``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from detectors.stacks.analysis import RankState, RoundAnalysis, analyze_round, rank_states
+from detectors.stacks.config import OverEvictionConfig
+from detectors.stacks.loader import Round
+from detectors.stacks.patterns import PatternTable, Role
+from detectors.stacks.result import Evidence, OverEvictionResult, StackClass, Vote
+from detectors.stacks.roles import StackReader
+from schemas.enums import Verdict
+from schemas.topology import JobTopology
+
+MODES = ("auto", "hang", "fail_slow")
+
+
+class OverEvictionClassifier:
+    """Analyses stack rounds of one job with a fixed topology, config and pattern table."""
+
+    def __init__(
+        self,
+        topology: JobTopology,
+        config: OverEvictionConfig | None = None,
+        patterns: PatternTable | None = None,
+    ) -> None:
+        self.topology = topology
+        self.config = config or OverEvictionConfig()
+        self.reader = StackReader(patterns, self.config.evidence_frames)
+
+    def states(self, round_: Round) -> list[RankState]:
+        return rank_states(round_, self.topology.world_size, self.reader)
+
+    def analyze(self, rounds: Sequence[Round], mode: str = "auto") -> OverEvictionResult:
+        """``mode``: ``auto`` (one round or frozen stacks -> hang, else fail-slow), ``hang``, ``fail_slow``."""
+        if not rounds:
+            raise ValueError("no rounds of stacks to analyse")
+        return self.analyze_states([self.states(r) for r in rounds], mode)
+
+    def analyze_states(self, rounds: Sequence[list[RankState]], mode: str = "auto") -> OverEvictionResult:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+        if not rounds:
+            raise ValueError("no rounds of stacks to analyse")
+        if mode == "hang" or (mode == "auto" and (len(rounds) == 1 or self._frozen(rounds))):
+            return self._hang(rounds)
+        return self._fail_slow(rounds[-self.config.fail_slow_rounds :])
+
+    # -- procedures -----------------------------------------------------------------------------
+
+    def _frozen(self, rounds: Sequence[list[RankState]]) -> bool:
+        """True when (almost) no rank's stack changed across the rounds: no progress, a hang."""
+        first = rounds[0]
+        changed = sum(1 for r, st in enumerate(first) if any(rs[r].signature != st.signature for rs in rounds[1:]))
+        allowed = max(1, math.floor(self.config.hang_max_changed_fraction * len(first)))
+        return changed <= allowed
+
+    def _hang(self, rounds: Sequence[list[RankState]]) -> OverEvictionResult:
+        states = rounds[-1]
+        ra = analyze_round(states, self.topology, self.config)
+        if not ra.confident:
+            return self._healthy(states, ra, "hang", len(rounds))
+        kind, group = self.choose_group(ra.roots)
+        reason = f"{ra.reach}/{ra.world} ranks wait on rank(s) {_short(ra.roots)} ({self._why(states, ra)})"
+        return self._result(Verdict.HANG, ra.roots, kind, group, states, ra, "hang", len(rounds), reason)
+
+    def _fail_slow(self, rounds: Sequence[list[RankState]]) -> OverEvictionResult:
+        analyses = [analyze_round(states, self.topology, self.config) for states in rounds]
+        votes: Counter[tuple[str, tuple[int, ...]]] = Counter()
+        for ra in analyses:
+            if ra.confident:
+                votes[self.choose_group(ra.roots)] += 1
+        need = max(1, math.ceil(self.config.min_vote_fraction * len(rounds)))
+        vote_list = tuple(Vote(k, g, c) for (k, g), c in votes.most_common())
+        if not votes or votes.most_common(1)[0][1] < need:
+            best = max(analyses, key=lambda a: a.reach)
+            res = self._healthy(rounds[-1], best, "fail_slow", len(rounds))
+            ev = res.evidence
+            reason = f"{ev.reason}; no group flagged in {need} of {len(rounds)} rounds"
+            return OverEvictionResult(
+                res.verdict, (), None, (), (), Evidence(reason, ev.analysis, ev.rounds, ev.cause, ev.root_reach,
+                                                        ev.missing_ranks, ev.classes, vote_list)
+            )
+        (kind, group), count = votes.most_common(1)[0]
+        winning = [i for i, ra in enumerate(analyses) if ra.confident and self.choose_group(ra.roots) == (kind, group)]
+        root_counts = Counter(r for i in winning for r in analyses[i].roots)
+        suspects = tuple(sorted(r for r, c in root_counts.items() if c * 2 >= count))
+        last = winning[-1]
+        ra = analyses[last]
+        reason = (
+            f"{kind} group {_short(group)} flagged in {count}/{len(rounds)} rounds; "
+            f"last flag: {ra.reach}/{ra.world} ranks waiting on rank(s) {_short(ra.roots)} "
+            f"({self._why(rounds[last], ra)})"
+        )
+        res = self._result(Verdict.FAIL_SLOW, suspects, kind, group, rounds[last], ra, "fail_slow", len(rounds), reason)
+        ev = res.evidence
+        evidence = Evidence(
+            ev.reason, ev.analysis, ev.rounds, ev.cause, ev.root_reach, ev.missing_ranks, ev.classes, vote_list
+        )
+        return OverEvictionResult(res.verdict, res.suspect_ranks, kind, group, res.evict_machines, evidence)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def choose_group(self, roots: Sequence[int]) -> tuple[str, tuple[int, ...]]:
+        """The parallel group to evict for these root ranks (see module docstring)."""
+        topo = self.topology
+        kinds = [k for k in self.config.evict_preference if topo.size(k) > 1]  # type: ignore[arg-type]
+        if not kinds:
+            kinds = [self.config.evict_preference[0]]  # a 1x1x1 job: the rank's own "group"
+        best: tuple[int, str, tuple[int, ...]] | None = None
+        for k in kinds:
+            groups = {tuple(topo.group(k, r)) for r in roots}  # type: ignore[arg-type]
+            if len(groups) == 1:
+                return k, groups.pop()
+            for g in sorted(groups):
+                held = sum(1 for r in roots if r in g)
+                if best is None or held > best[0]:
+                    best = (held, k, g)
+        assert best is not None
+        return best[1], best[2]
+
+    def _why(self, states: list[RankState], ra: RoundAnalysis) -> str:
+        root = states[ra.roots[0]]
+        if root.main is None:
+            return f"{ra.cause}: no dump for rank {root.rank}"
+        text = f"{ra.cause}: {root.role.value} in {root.main.top}"
+        busy = [c for c in root.children if c.busy]
+        if busy and root.role != Role.COMPUTE:
+            c = busy[0]
+            text += f"; its {c.process.value} process {c.pid} is busy in {c.stack.frames[0] if c.stack.frames else '?'}"
+        return text
+
+    def _healthy(self, states: list[RankState], ra: RoundAnalysis, analysis: str, n_rounds: int) -> OverEvictionResult:
+        if ra.roots:
+            reason = (
+                f"no localisable root: best candidate rank(s) {_short(ra.roots)} reached by {ra.reach}/{ra.world} ranks "
+                f"(need {self.config.min_reach_fraction:.0%}, at most {self.config.max_root_fraction:.0%} roots)"
+            )
+        else:
+            reason = "no rank waits on another: nothing stands out"
+        return self._result(Verdict.HEALTHY, (), None, (), states, ra, analysis, n_rounds, reason)
+
+    def _result(
+        self,
+        verdict: Verdict,
+        suspects: tuple[int, ...],
+        kind: str | None,
+        group: tuple[int, ...],
+        states: list[RankState],
+        ra: RoundAnalysis,
+        analysis: str,
+        n_rounds: int,
+        reason: str,
+    ) -> OverEvictionResult:
+        machines = tuple(self.topology.machines_of(list(group))) if group else ()
+        evidence = Evidence(
+            reason=reason,
+            analysis=analysis,
+            rounds=n_rounds,
+            cause=ra.cause if verdict != Verdict.HEALTHY else "none",
+            root_reach=ra.reach_fraction,
+            missing_ranks=tuple(st.rank for st in states if st.main is None),
+            classes=_stack_classes(states, ra, set(suspects)),
+        )
+        return OverEvictionResult(verdict, suspects, kind, group, machines, evidence)
+
+
+def _short(ranks: Sequence[int], limit: int = 16) -> str:
+    shown = ", ".join(map(str, ranks[:limit]))
+    return f"[{shown}{', ...' if len(ranks) > limit else ''}]"
+
+
+def _stack_classes(states: list[RankState], ra: RoundAnalysis, suspects: set[int]) -> tuple[StackClass, ...]:
+    out = []
+    for _sig, ranks in ra.classes:
+        st = states[ranks[0]]
+        frames = st.main.frames if st.main else ()
+        out.append(StackClass("main", st.role.value, ranks, frames, any(r in suspects for r in ranks)))
+    helpers: dict[tuple[str, bool, str], list[int]] = {}
+    info: dict[tuple[str, bool, str], tuple[str, tuple[str, ...]]] = {}
+    for st in states:
+        for c in st.children:
+            key = (c.process.value, c.busy, c.stack.signature)
+            helpers.setdefault(key, []).append(st.rank)
+            info[key] = (c.stack.role.value, c.stack.frames)
+    for key, ranks in sorted(helpers.items(), key=lambda kv: (-len(kv[1]), kv[1][0])):
+        role, frames = info[key]
+        suspect = key[1] and any(r in suspects for r in ranks)
+        out.append(StackClass(key[0], role, tuple(ranks), frames, suspect, busy=key[1]))
+    return tuple(out)

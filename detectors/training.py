@@ -1,0 +1,351 @@
+"""Training-signal detectors: NaN/spikes, step stalls, step-time stragglers and MFU decline.
+
+These are ByteRobust's implicit-failure signals (§4.1, "metrics collection"): a NaN or a
+5x jump of loss or gradient norm is a fault signal; no progress while every process is alive
+is a hang suspicion; one rank slower than its peers, or the job's MFU sinking below its own
+baseline, is a fail-slow suspicion.  Hangs and fail-slows recommend ``aggregate`` (stack
+aggregation and over-eviction); NaN and spikes recommend ``diagnose`` (stop-time checks).
+
+Every detector is fed explicit timestamps and never reads the clock; each has a frozen config
+dataclass loadable with :func:`schemas.config.load_config`.  Non-numeric or non-finite input
+that is not itself the signal (a garbage step time, an MFU of ``"n/a"``) is ignored, not raised.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from detectors.findings import Finding
+from schemas.enums import Action, Severity
+from schemas.typecheck import rng
+
+
+def _finite(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+# --- NaN / Inf and spikes --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpikeConfig:
+    """Settings of :class:`SpikeDetector`."""
+
+    #: a value >= factor x the recent median is a spike (ByteRobust: 5x).
+    factor: float = field(default=5.0, metadata=rng(1.0, 1e6))
+    #: how many recent accepted values form the median.
+    window: int = field(default=50, metadata=rng(1, 100_000))
+    #: values needed before spikes are judged (NaN/Inf are reported from the first one).
+    warmup: int = field(default=10, metadata=rng(1, 100_000))
+    #: after this many spikes in a row the level is taken as the new normal (baseline restarts).
+    max_consecutive: int = field(default=20, metadata=rng(1, 100_000))
+
+
+class SpikeDetector:
+    """NaN/Inf and jump detection on loss, grad norm or any other positive training metric.
+
+    Spikes never enter the baseline, so a burst of them cannot raise the median and hide itself.
+
+    Examples
+    --------
+    >>> d = SpikeDetector(SpikeConfig(warmup=3), job="j")
+    >>> [d.observe(float(i), {"loss": 2.0}) for i in range(3)]
+    [[], [], []]
+    >>> [(f.kind, f.evidence["metric"], round(f.score, 1)) for f in d.observe(3.0, {"loss": 11.0})]
+    [('spike', 'loss', 5.5)]
+    >>> [(f.kind, f.action.value) for f in d.observe(4.0, {"grad_norm": float("nan")})]
+    [('nan', 'diagnose')]
+    """
+
+    def __init__(self, config: SpikeConfig | None = None, job: str | None = None) -> None:
+        self.config = config or SpikeConfig()
+        self.job = job
+        self._recent: dict[str, deque[float]] = {}
+        self._streak: dict[str, int] = {}
+
+    def observe(self, ts: float, values: Mapping[str, Any], step: int | None = None) -> list[Finding]:
+        """Feed one step's metrics (``{"loss": 2.3, "grad_norm": 1.1}``); return findings."""
+        out = []
+        for metric, raw in values.items():
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                continue  # garbage, not a signal
+            value = float(raw)
+            evidence: dict[str, Any] = {"metric": metric, "value": repr(value), "step": step}
+            if not math.isfinite(value):
+                out.append(self._finding("nan", "nan_value", Severity.ERROR, None, evidence, ts))
+                continue
+            recent = self._recent.setdefault(metric, deque(maxlen=self.config.window))
+            if len(recent) >= self.config.warmup:
+                median = statistics.median(recent)
+                if median > 0 and value >= self.config.factor * median:
+                    streak = self._streak.get(metric, 0) + 1
+                    self._streak[metric] = streak
+                    if streak >= self.config.max_consecutive:
+                        recent.clear()  # a regime change, not a spike: learn the new level
+                        self._streak[metric] = 0
+                    evidence.update(value=value, median=median, factor=value / median)
+                    out.append(self._finding("spike", f"{metric}_spike", Severity.WARNING, value / median, evidence, ts))
+                    continue
+            self._streak[metric] = 0
+            recent.append(value)
+        return out
+
+    def _finding(
+        self, kind: str, category: str, sev: Severity, score: float | None, ev: dict[str, Any], ts: float
+    ) -> Finding:
+        return Finding(kind, category, sev, Action.DIAGNOSE, job=self.job, score=score, evidence=ev, ts=ts)
+
+
+# --- step stall (hang suspicion) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StallConfig:
+    """Settings of :class:`StepStallDetector`."""
+
+    #: no step progress on any rank for this long is a hang suspicion.
+    stall_s: float = field(default=600.0, metadata=rng(1.0, 1e7))
+    #: a rank whose last heartbeat is older than this counts as dead, not hung.
+    heartbeat_timeout_s: float = field(default=60.0, metadata=rng(0.1, 1e7))
+
+
+class StepStallDetector:
+    """Hang suspicion: every live rank stopped advancing its step for ``stall_s`` seconds.
+
+    A dead rank makes this a crash, handled by exit codes and logs, so no hang is reported
+    while any tracked rank is dead.
+
+    Examples
+    --------
+    >>> d = StepStallDetector(StallConfig(stall_s=60), job="j")
+    >>> for r in range(4):
+    ...     d.update(r, 100, ts=0.0)
+    >>> d.update(0, 101, ts=10.0); d.update(1, 101, ts=10.0); d.update(2, 101, ts=10.0)
+    >>> d.check(now=30.0) is None
+    True
+    >>> f = d.check(now=80.0, alive={0: True, 1: True, 2: True, 3: True})
+    >>> f.kind, f.action.value, f.ranks, f.evidence["last_step"][3]
+    ('hang', 'aggregate', (3,), 100)
+    """
+
+    def __init__(self, config: StallConfig | None = None, job: str | None = None) -> None:
+        self.config = config or StallConfig()
+        self.job = job
+        self._step: dict[int, int] = {}
+        self._progress_ts: dict[int, float] = {}
+
+    def update(self, rank: int, step: int, ts: float) -> None:
+        """Record that ``rank`` reported ``step`` at ``ts`` (only an increase is progress)."""
+        if isinstance(step, bool) or not isinstance(step, int) or _finite(ts) is None:
+            return
+        if rank not in self._step or step > self._step[rank]:
+            self._step[rank] = step
+            self._progress_ts[rank] = ts
+
+    def check(
+        self,
+        now: float,
+        alive: Mapping[int, bool] | None = None,
+        heartbeats: Mapping[int, float] | None = None,
+    ) -> Finding | None:
+        """A hang finding if no rank progressed for ``stall_s`` while all are alive, else None.
+
+        ``alive`` (rank -> process alive) wins over ``heartbeats`` (rank -> last heartbeat ts);
+        with neither, every rank that ever reported is assumed alive.
+        """
+        ranks = set(self._step) | set(alive or {}) | set(heartbeats or {})
+        if not ranks or not self._progress_ts:
+            return None
+        if alive is not None:
+            live = {r for r in ranks if alive.get(r, False)}
+        elif heartbeats is not None:
+            live = {r for r in ranks if now - heartbeats.get(r, -math.inf) <= self.config.heartbeat_timeout_s}
+        else:
+            live = ranks
+        if live != ranks:
+            return None
+        last_progress = max(self._progress_ts.values())
+        stalled_for = now - last_progress
+        if stalled_for < self.config.stall_s:
+            return None
+        top = max(self._step.values())
+        behind = sorted(r for r in ranks if self._step.get(r, -1) < top) or sorted(ranks)
+        return Finding(
+            kind="hang",
+            category="job_hang",
+            severity=Severity.ERROR,
+            action=Action.AGGREGATE,
+            job=self.job,
+            ranks=tuple(behind),
+            score=stalled_for,
+            evidence={
+                "stalled_for_s": stalled_for,
+                "max_step": top,
+                "last_step": {r: self._step.get(r) for r in sorted(ranks)},
+                "ranks_behind": behind if behind != sorted(ranks) else [],
+            },
+            ts=now,
+        )
+
+
+# --- stragglers --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Settings of :class:`StragglerDetector`."""
+
+    #: step times older than this (relative to the check) are forgotten.
+    window_s: float = field(default=300.0, metadata=rng(1.0, 1e7))
+    #: robust z-score (median/MAD across ranks) at or above which a rank is a straggler.
+    z_threshold: float = field(default=3.5, metadata=rng(0.1, 1e6))
+    #: and it must be at least this much slower than the median rank (ignores tiny spreads).
+    min_slowdown: float = field(default=1.1, metadata=rng(1.0, 1e6))
+    #: ranks with samples needed for a comparison; samples a rank needs to be judged.
+    min_ranks: int = field(default=4, metadata=rng(2, 10_000_000))
+    min_samples: int = field(default=3, metadata=rng(1, 100_000))
+    #: MAD floor as a fraction of the median, so identical ranks do not make z infinite.
+    mad_floor_frac: float = field(default=0.01, metadata=rng(0.0, 1.0))
+
+
+class StragglerDetector:
+    """Per-rank step-time stragglers of one job by robust z-score over a recent window.
+
+    Examples
+    --------
+    >>> d = StragglerDetector(job="j")
+    >>> for t in range(5):
+    ...     for r in range(8):
+    ...         d.observe(r, 1.0 + 0.01 * r + (0.6 if r == 5 else 0.0), ts=float(t))
+    >>> f = d.check(now=5.0)
+    >>> f.kind, f.ranks, f.action.value, f.score > 3.5
+    ('straggler', (5,), 'aggregate', True)
+    """
+
+    def __init__(self, config: StragglerConfig | None = None, job: str | None = None) -> None:
+        self.config = config or StragglerConfig()
+        self.job = job
+        self._times: dict[int, deque[tuple[float, float]]] = {}
+
+    def observe(self, rank: int, step_time_s: Any, ts: float) -> None:
+        """Record one step time of ``rank`` (non-finite or non-positive values are ignored)."""
+        v = _finite(step_time_s)
+        if v is None or v <= 0 or _finite(ts) is None:
+            return
+        self._times.setdefault(rank, deque(maxlen=10_000)).append((ts, v))
+
+    def scores(self, now: float) -> dict[int, tuple[float, float]]:
+        """rank -> (median step time in the window, robust z-score); empty if too few ranks."""
+        lo = now - self.config.window_s
+        medians = {}
+        for rank, q in self._times.items():
+            while q and q[0][0] < lo:
+                q.popleft()
+            vals = [v for t, v in q if t <= now]
+            if len(vals) >= self.config.min_samples:
+                medians[rank] = statistics.median(vals)
+        if len(medians) < self.config.min_ranks:
+            return {}
+        center = statistics.median(medians.values())
+        mad = statistics.median(abs(m - center) for m in medians.values())
+        # 1.4826 makes the MAD a consistent estimator of the standard deviation.
+        scale = max(1.4826 * mad, self.config.mad_floor_frac * center, 1e-12)
+        return {r: (m, (m - center) / scale) for r, m in medians.items()}
+
+    def check(self, now: float) -> Finding | None:
+        """A fail-slow finding naming the straggler ranks, or None."""
+        sc = self.scores(now)
+        if not sc:
+            return None
+        center = statistics.median(m for m, _ in sc.values())
+        slow = sorted(
+            r
+            for r, (m, z) in sc.items()
+            if z >= self.config.z_threshold and m >= self.config.min_slowdown * center
+        )
+        if not slow:
+            return None
+        return Finding(
+            kind="straggler",
+            category="fail_slow",
+            severity=Severity.WARNING,
+            action=Action.AGGREGATE,
+            job=self.job,
+            ranks=tuple(slow),
+            score=max(sc[r][1] for r in slow),
+            evidence={
+                "median_step_s": center,
+                "step_s": {r: sc[r][0] for r in slow},
+                "z": {r: sc[r][1] for r in slow},
+                "ranks_compared": len(sc),
+            },
+            ts=now,
+        )
+
+
+# --- MFU decline -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MfuConfig:
+    """Settings of :class:`MfuDeclineDetector`."""
+
+    #: accepted MFU values in the rolling baseline (median).
+    baseline_window: int = field(default=100, metadata=rng(1, 1_000_000))
+    warmup: int = field(default=10, metadata=rng(1, 1_000_000))
+    #: MFU below (1 - decline_frac) x baseline is low.
+    decline_frac: float = field(default=0.1, metadata=rng(0.0, 1.0))
+    #: consecutive low values before reporting (one finding per episode).
+    sustain: int = field(default=3, metadata=rng(1, 1_000_000))
+
+
+class MfuDeclineDetector:
+    """Fail-slow suspicion: the job's MFU stays below its own rolling baseline.
+
+    Examples
+    --------
+    >>> d = MfuDeclineDetector(MfuConfig(warmup=5, sustain=2), job="j")
+    >>> [d.observe(float(t), 0.42) for t in range(5)]
+    [None, None, None, None, None]
+    >>> d.observe(5.0, 0.30) is None, d.observe(6.0, 0.31).kind
+    (True, 'mfu_decline')
+    """
+
+    def __init__(self, config: MfuConfig | None = None, job: str | None = None) -> None:
+        self.config = config or MfuConfig()
+        self.job = job
+        self._baseline: deque[float] = deque(maxlen=self.config.baseline_window)
+        self._low = 0
+
+    def observe(self, ts: float, mfu: Any) -> Finding | None:
+        """Feed one MFU sample (a fraction or a percentage, consistently); maybe a finding."""
+        v = _finite(mfu)
+        if v is None or v <= 0:
+            return None
+        if len(self._baseline) >= self.config.warmup:
+            base = statistics.median(self._baseline)
+            if v < (1.0 - self.config.decline_frac) * base:
+                self._low += 1  # low values stay out of the baseline, or it would follow them down
+                if self._low != self.config.sustain:
+                    return None
+                return Finding(
+                    kind="mfu_decline",
+                    category="mfu_decline",
+                    severity=Severity.WARNING,
+                    action=Action.AGGREGATE,
+                    job=self.job,
+                    score=1.0 - v / base,
+                    evidence={"mfu": v, "baseline": base, "low_samples": self._low},
+                    ts=ts,
+                )
+        self._low = 0
+        self._baseline.append(v)
+        return None
+
