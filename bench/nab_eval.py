@@ -245,9 +245,8 @@ def _fmt(name: str, row: dict[str, Any]) -> str:
 def print_report(results: dict[str, Any]) -> None:
     print(f"Metric: {results['metric']} (q={results['q']})")
     for name, res in results["detectors"].items():
-        print(
-            f"\n{name}  params={res['params']}  ({res['seconds']:.1f} s wall, {res['cpu_seconds']:.1f} s CPU)"
-        )
+        took = f"{res['seconds']:.1f} s wall, {res['cpu_seconds']:.1f} s CPU"
+        print(f"\n{name}  params={res['params']}  ({took})")
         print(f"  {'file':42s} win  det flagged     tp  prec   w_rec    F1  chance_p  auc")
         for fname, row in res["files"].items():
             print(_fmt(fname, row))

@@ -41,8 +41,9 @@ class AnomalyFilter(abc.ABC):
     def classify(self, score: float) -> bool:
         """Whether ``score`` is an anomaly under the current threshold."""
 
+    @abc.abstractmethod
     def _observe(self, score: float) -> None:
-        """Hook for filters whose threshold depends on the scores seen (called once per sample)."""
+        """Record ``score`` (once per sample) for filters whose threshold depends on past scores."""
 
     def process_one(self, x: Mapping[str, float]) -> tuple[float, bool]:
         """Score ``x``, decide, then learn it unless protected; one scoring call per sample.
@@ -101,6 +102,9 @@ class ThresholdFilter(AnomalyFilter):
 
     def classify(self, score: float) -> bool:
         return score >= self.params.threshold
+
+    def _observe(self, score: float) -> None:
+        """A fixed threshold keeps no score history."""
 
 
 @dataclass(frozen=True)

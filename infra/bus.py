@@ -153,7 +153,12 @@ class EventConsumer:
     """
 
     def __init__(
-        self, cfg: KafkaConfig, topics: list[str], group_id: str, producer: EventProducer | None = None, **kw: Any
+        self,
+        cfg: KafkaConfig,
+        topics: list[str],
+        group_id: str,
+        producer: EventProducer | None = None,
+        **kw: Any,
     ) -> None:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError

@@ -123,7 +123,9 @@ class Settings:
     stack: StackConfig = field(default_factory=StackConfig)
 
 
-def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+def load_settings(
+    path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
+) -> Settings:
     """Defaults <- YAML file <- ``TRAINGUARD__*`` env vars; ``$TRAINGUARD_HOME`` sets stack.home."""
     env = dict(os.environ if environ is None else environ)
     path = path or env.get("TRAINGUARD_CONFIG")

@@ -45,7 +45,9 @@ class SinkStats:
 class Sink:
     """Consume every registry topic and write the events into ClickHouse."""
 
-    def __init__(self, settings: Settings, cfg: SinkConfig | None = None, topics: list[str] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, cfg: SinkConfig | None = None, topics: list[str] | None = None
+    ) -> None:
         self.cfg = cfg or SinkConfig()
         self.store = ClickHouseStore(settings.clickhouse)
         self.producer = EventProducer(settings.kafka)

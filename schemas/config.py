@@ -37,8 +37,8 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def _field_names(cls: type) -> dict[str, dataclasses.Field[Any]]:
-    return {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+def _field_names(cls: Any) -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(cls)}
 
 
 def _env_overrides(cls: type, prefix: str, environ: Mapping[str, str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from schemas.base import Event, register
@@ -87,7 +87,7 @@ class Decision(Event):
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-class ActionPhase(str, Enum):
+class ActionPhase(StrEnum):
     STARTED = "started"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -112,7 +112,7 @@ class ActionEvent(Event):
     targets: Targets = field(default_factory=Targets)
 
 
-class CommandKind(str, Enum):
+class CommandKind(StrEnum):
     CAPTURE_STACKS = "capture_stacks"  # py-spy every training process (rounds x interval_s)
     SET_INTERVAL = "set_interval"  # change a source's sampling interval at runtime
     SET_THRESHOLD = "set_threshold"  # change a detector threshold at runtime (workers)

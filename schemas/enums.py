@@ -6,10 +6,10 @@ never rename them.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     """Recovery action recommended by a rule or detector, or decided for a job."""
 
     EVICT = "evict"  # stop, evict the target machines, swap in standbys, restart from checkpoint
@@ -21,14 +21,14 @@ class Action(str, Enum):
     NONE = "none"  # no rule matched
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     INFO = "info"
     WARNING = "warning"
     ERROR = "error"
     CRITICAL = "critical"
 
 
-class ProcessRole(str, Enum):
+class ProcessRole(StrEnum):
     """What a process of a training job does; stack dumps and process trees carry it."""
 
     MAIN = "main"  # the rank's training process
@@ -37,7 +37,7 @@ class ProcessRole(str, Enum):
     OTHER = "other"
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """Outcome of the over-eviction analysis of a job's stacks."""
 
     HEALTHY = "healthy"

@@ -7,7 +7,7 @@ than a made-up zero, so "not supported" never looks like "healthy".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from schemas.base import Event, register
 from schemas.typecheck import rng
@@ -17,7 +17,7 @@ _U64 = rng(0, 2**64 - 1)
 _MS = rng(0, 2**62)
 
 
-class GpuState(str, Enum):
+class GpuState(StrEnum):
     """What NVML could say about a GPU slot; anything but ``ok`` is itself a signal."""
 
     OK = "ok"

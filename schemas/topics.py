@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.base import Event
-from schemas.control import ActionEvent, Command, Decision, DeadLetter, Detection
+from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection
 from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
 from schemas.workload import LogLine, ProcessExit, StackDump, TrainingStep
 
@@ -61,11 +61,14 @@ STACKS = _t(
 )
 DETECTIONS = _t("control.detections", Detection, "job", 4, "rule/detector findings with evidence")
 DECISIONS = _t(
-    "control.decisions", Decision, "job", 4, "recovery decisions (deterministic ids)", retention_ms=30 * DAY_MS
+    "control.decisions",
+    Decision,
+    "job",
+    4,
+    "recovery decisions (deterministic ids)",
+    retention_ms=30 * DAY_MS,
 )
-ACTIONS = _t(
-    "control.actions", ActionEvent, "job", 4, "action service step events", retention_ms=30 * DAY_MS
-)
+ACTIONS = _t("control.actions", ActionEvent, "job", 4, "action service step events", retention_ms=30 * DAY_MS)
 COMMANDS = _t("control.commands", Command, "node", 4, "control plane -> node exporters")
 CONTROL = _t("control.workers", Command, "job", 1, "runtime threshold changes for workers")
 DEAD_LETTERS = _t(

@@ -38,7 +38,7 @@ def rng(
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -116,7 +116,7 @@ def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = N
     if origin is dict:
         if not isinstance(value, dict):
             raise SchemaError(path, f"expected an object, got {type(value).__name__}")
-        key_tp, val_tp = typing.get_args(tp)
+        _key_tp, val_tp = typing.get_args(tp)  # keys are JSON object keys: always str
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
@@ -135,7 +135,7 @@ def from_mapping(cls: type[T], data: Any, path: str = "", ignore: frozenset[str]
     """Build dataclass ``cls`` from a mapping; unknown keys and missing fields are errors."""
     if not isinstance(data, dict):
         raise SchemaError(path, f"expected an object, got {type(data).__name__}")
-    hints = _hints(cls)
+    hints = _hints(cls)  # type: ignore[arg-type]  # classes are hashable; mypy cannot see it for type[T]
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields) - ignore)
     if unknown:

@@ -46,6 +46,9 @@ class Scenario:
     fault_rank: int = -1
     checkpoint: bool = False
     rounds: int = 1
+    # Per-step forward compute of every rank: multi-round captures need ranks that spend real
+    # time computing, or every sample would catch them waiting at the same spot.
+    compute_s: float = 0.0
     # What the analysis should say; the group kind is ByteRobust's unit: the root's pipeline.
     expected_verdict: str = "hang"
     expected_kind: str | None = "pp"
@@ -65,16 +68,12 @@ SCENARIOS = [
     Scenario("tp2pp4dp1_compute_hang_first_stage", 2, 4, 1, 2, "compute_hang", 0),
     Scenario("tp2pp4dp1_checkpoint_hang_middle_stage", 2, 4, 1, 2, "checkpoint_hang", 3, checkpoint=True),
     Scenario("tp2pp4dp1_dataloader_hang_last_stage", 2, 4, 1, 2, "dataloader_hang", 6),
-    Scenario(
-        "tp2pp2dp2_slow_rank_middle", 2, 2, 2, 2, "slow_rank", 6, rounds=5, expected_verdict="fail_slow"
-    ),
-    Scenario(
-        "tp1pp4dp2_slow_rank_last_stage", 1, 4, 2, 2, "slow_rank", 7, rounds=5, expected_verdict="fail_slow"
-    ),
-    Scenario(
-        "tp2pp2dp2_healthy", 2, 2, 2, 2, "none", checkpoint=True, rounds=5, expected_verdict="healthy",
-        expected_kind=None,
-    ),
+    Scenario("tp2pp2dp2_slow_rank_middle", 2, 2, 2, 2, "slow_rank", 6, rounds=5, compute_s=0.15,
+             expected_verdict="fail_slow"),
+    Scenario("tp1pp4dp2_slow_rank_last_stage", 1, 4, 2, 2, "slow_rank", 7, rounds=5, compute_s=0.15,
+             expected_verdict="fail_slow"),
+    Scenario("tp2pp2dp2_healthy", 2, 2, 2, 2, "none", checkpoint=True, rounds=5, compute_s=0.15,
+             expected_verdict="healthy", expected_kind=None),
 ]
 
 
@@ -166,7 +165,8 @@ def capture(sc: Scenario, out_root: Path, interval_s: float, stuck_s: float, fau
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(JOB), "--tp", str(sc.tp), "--pp", str(sc.pp), "--dp", str(sc.dp)]
     cmd += ["--fault", sc.fault, "--fault-rank", str(sc.fault_rank), "--fault-step", str(fault_step)]
-    cmd += ["--workdir", str(work)] + (["--checkpoint"] if sc.checkpoint else [])
+    cmd += ["--workdir", str(work), "--compute-s", str(sc.compute_s)]
+    cmd += ["--checkpoint"] if sc.checkpoint else []
     procs: dict[int, subprocess.Popen[bytes]] = {}
     try:
         for r in range(world):
@@ -205,6 +205,7 @@ def capture(sc: Scenario, out_root: Path, interval_s: float, stuck_s: float, fau
         "fault": sc.fault,
         "faulty_rank": sc.fault_rank if sc.fault != "none" else None,
         "fault_step": fault_step,
+        "compute_s": sc.compute_s,
         "rounds": sc.rounds,
         "interval_s": interval_s if sc.rounds > 1 else None,
         "production_interval_s": PRODUCTION_INTERVAL_S,

@@ -17,9 +17,10 @@ hung production job shows:
 Faults (``--fault``, on ``--fault-rank`` from step ``--fault-step``): ``compute_hang`` (spins in
 the forward matmul), ``dataloader_hang`` (the worker blocks reading a FIFO nobody writes),
 ``checkpoint_hang`` (the writer blocks opening a FIFO checkpoint path), ``skip_send`` (the
-forward send to the next stage is skipped), ``slow_rank`` (each forward takes ``--slow-s``
-longer: a fail-slow straggler).  The function names follow Megatron's on purpose: the analyser's
-pattern table targets real framework names, and this job stands in for such a framework.
+forward send to the next stage is skipped), ``slow_rank`` (the rank's forward compute takes
+``--slow-factor`` times ``--compute-s``: a fail-slow straggler running the same code slower).
+The function names follow Megatron's on purpose: the analyser's pattern table targets real
+framework names, and this job stands in for such a framework.
 """
 
 from __future__ import annotations
@@ -143,8 +144,9 @@ class Stage:
         y = x @ self.weight
         if self.faulty(step, "compute_hang"):
             spin_compute(y)
-        if self.faulty(step, "slow_rank"):
-            slow_compute(y, self.args.slow_s)
+        seconds = self.args.compute_s * (self.args.slow_factor if self.faulty(step, "slow_rank") else 1.0)
+        if seconds > 0:
+            dense_compute(y, seconds)
         y = reduce_from_tensor_model_parallel_region(y, self.groups["tp"])
         return torch.tanh(y)
 
@@ -156,13 +158,15 @@ def spin_compute(y: torch.Tensor) -> None:
         z = torch.tanh(z @ z.T @ z)
 
 
-def slow_compute(y: torch.Tensor, seconds: float) -> None:
-    # A straggler (thermal throttling, a bad HBM row being remapped): same work, much slower.
+def dense_compute(y: torch.Tensor, seconds: float) -> None:
+    # Stands in for the layer's GPU work: the host is busy for ``seconds`` (a straggler -- thermal
+    # throttling, a degraded GPU -- runs this same code for longer).  Short sleeps leave the two
+    # CPU cores of the capture machine to the other ranks.
     end = time.monotonic() + seconds
     z = y.detach()
     while time.monotonic() < end:
         z = torch.tanh(z @ z.T @ z)
-        time.sleep(0.01)
+        time.sleep(0.002)
 
 
 def recv_forward(stage: Stage) -> torch.Tensor:
@@ -221,7 +225,8 @@ def main() -> None:
     p.add_argument("--fault", default="none")
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=3)
-    p.add_argument("--slow-s", type=float, default=1.5)
+    p.add_argument("--compute-s", type=float, default=0.0, help="forward compute per step, every rank")
+    p.add_argument("--slow-factor", type=float, default=3.0, help="slow_rank: compute takes this much longer")
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--checkpoint", action="store_true")
     p.add_argument("--workdir", required=True)

@@ -37,7 +37,11 @@ def store(request: pytest.FixtureRequest) -> Iterator[ClickHouseStore]:
     """A migrated store in a fresh database, on the embedded server and on chDB."""
     db = f"tgtest_{uuid.uuid4().hex[:10]}"
     if request.param == "chdb":
-        cfg = replace(load_settings(environ={}).clickhouse, dsn=f"chdb://{request.getfixturevalue('chdb_dir')}", database=db)
+        cfg = replace(
+            load_settings(environ={}).clickhouse,
+            dsn=f"chdb://{request.getfixturevalue('chdb_dir')}",
+            database=db,
+        )
     else:
         cfg = replace(request.getfixturevalue("stack_settings").clickhouse, database=db)
     st = ClickHouseStore(cfg)

@@ -30,7 +30,9 @@ COMMAND_MODULES = (
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
     """TrainGuard keeps large training jobs running through hardware and software faults."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     # kafka-python logs transient coordinator moves as warnings; they are noise for a CLI user.
     logging.getLogger("kafka").setLevel(logging.INFO if verbose else logging.ERROR)
     ctx.ensure_object(dict)["config_path"] = config_path

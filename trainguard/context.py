@@ -24,7 +24,8 @@ def settings(ctx: click.Context) -> Settings:
     obj = ctx.ensure_object(dict)
     if "settings" not in obj:
         obj["settings"] = load_settings(obj.get("config_path"))
-    return obj["settings"]  # type: ignore[no-any-return]
+    loaded: Settings = obj["settings"]
+    return loaded
 
 
 def friendly_errors(fn: F) -> F:

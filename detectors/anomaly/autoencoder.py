@@ -11,6 +11,7 @@ on the first fit only, so ``import detectors`` stays light.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -23,6 +24,8 @@ from detectors.base import AnomalyDetector, clean_sample, finite_score
 from schemas.typecheck import rng
 
 Z_CLIP = 1e6
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class AutoencoderParams:
 def _init_layers(sizes: list[int], gen: np.random.Generator) -> list[np.ndarray]:
     """Weights and biases drawn like ``torch.nn.Linear`` (uniform +-1/sqrt(fan_in)), from ``gen``."""
     params = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+    for fan_in, fan_out in itertools.pairwise(sizes):
         bound = 1.0 / math.sqrt(fan_in)
         params.append(gen.uniform(-bound, bound, (fan_in, fan_out)))
         params.append(gen.uniform(-bound, bound, fan_out))
@@ -167,26 +170,38 @@ def import_torch() -> Any:
 
 
 def _train(weights: list[np.ndarray], Z: np.ndarray, gen: np.random.Generator, p: Any) -> list[np.ndarray]:
-    """Run ``p.steps`` Adam steps on mini-batches of ``Z``; return the new weights as numpy."""
+    """Run ``p.steps`` Adam steps on mini-batches of ``Z``; return the new weights as numpy.
+
+    Adam is written out (Kingma & Ba, 2015, Algorithm 1, default betas) rather than taken from
+    ``torch.optim``: constructing a ``torch.optim`` optimizer imports ~900 modules (dynamo,
+    sympy, distributed), seconds of start-up a stream worker should not pay for eight tensors.
+    """
     torch = import_torch()
     threads = torch.get_num_threads()
     # One thread: the stream worker shares the machine, and tiny matmuls gain nothing from more.
     torch.set_num_threads(1)
     try:
         params = [torch.tensor(w, dtype=torch.float32, requires_grad=True) for w in weights]
+        first = [torch.zeros_like(t) for t in params]
+        second = [torch.zeros_like(t) for t in params]
         data = torch.tensor(Z, dtype=torch.float32)
-        opt = torch.optim.Adam(params, lr=p.lr)
         batch = min(p.batch_size, len(Z))
-        for _ in range(p.steps):
+        for step in range(1, p.steps + 1):
             # Batches come from the seeded numpy generator, so torch's global RNG is never used.
             zb = data[torch.from_numpy(gen.choice(len(Z), size=batch, replace=False))]
             w1, b1, w2, b2, w3, b3, w4, b4 = params
             code = torch.tanh(zb @ w1 + b1) @ w2 + b2
             recon = torch.tanh(code @ w3 + b3) @ w4 + b4
-            loss = torch.mean((recon - zb) ** 2)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            torch.mean((recon - zb) ** 2).backward()
+            with torch.no_grad():
+                for t, m, v in zip(params, first, second, strict=True):
+                    g = t.grad
+                    m.mul_(ADAM_BETAS[0]).add_(g, alpha=1 - ADAM_BETAS[0])
+                    v.mul_(ADAM_BETAS[1]).addcmul_(g, g, value=1 - ADAM_BETAS[1])
+                    m_hat = m / (1 - ADAM_BETAS[0] ** step)
+                    v_hat = v / (1 - ADAM_BETAS[1] ** step)
+                    t.sub_(p.lr * m_hat / (v_hat.sqrt() + ADAM_EPS))
+                    t.grad = None
         return [t.detach().numpy().astype(np.float64) for t in params]
     finally:
         torch.set_num_threads(threads)

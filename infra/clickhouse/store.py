@@ -130,7 +130,9 @@ class ClickHouseStore:
     # -- migrations -------------------------------------------------------------------------
     def applied_migrations(self) -> dict[int, str]:
         self.command(_MIGRATIONS_DDL)
-        rows = self.query("SELECT version, argMax(checksum, applied_at) FROM schema_migrations GROUP BY version")
+        rows = self.query(
+            "SELECT version, argMax(checksum, applied_at) FROM schema_migrations GROUP BY version"
+        )
         return {int(v): str(c) for v, c in rows}
 
     def migrate(self) -> list[Migration]:
@@ -149,9 +151,15 @@ class ClickHouseStore:
                 self.command(stmt)
             self.insert_rows(
                 "schema_migrations",
-                [{"version": mig.version, "name": mig.name, "checksum": mig.checksum,
-                  "applied_at": datetime.now(tz=UTC).replace(microsecond=0)}],
-            )  # fmt: skip
+                [
+                    {
+                        "version": mig.version,
+                        "name": mig.name,
+                        "checksum": mig.checksum,
+                        "applied_at": datetime.now(tz=UTC).replace(microsecond=0),
+                    }
+                ],
+            )
             done.append(mig)
         return done
 
@@ -183,7 +191,9 @@ class ClickHouseStore:
                 {"db": self.cfg.database, "t": table},
             )
             if not rows:
-                raise StoreError(f"table {self.cfg.database}.{table} does not exist (run `trainguard migrate`)")
+                raise StoreError(
+                    f"table {self.cfg.database}.{table} does not exist (run `trainguard migrate`)"
+                )
             self._columns[table] = ([r[0] for r in rows], [r[1] for r in rows])
         return self._columns[table]
 
@@ -212,7 +222,8 @@ class ClickHouseStore:
     # -- retention --------------------------------------------------------------------------
     def partitions(self, table: str) -> list[str]:
         rows = self.query(
-            "SELECT DISTINCT partition FROM system.parts WHERE database = %(db)s AND table = %(t)s AND active",
+            "SELECT DISTINCT partition FROM system.parts "
+            "WHERE database = %(db)s AND table = %(t)s AND active",
             {"db": self.cfg.database, "t": table},
         )
         return sorted(str(r[0]) for r in rows)

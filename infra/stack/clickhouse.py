@@ -121,7 +121,9 @@ class ClickHouseServer:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         d = escape(str(self.dir))
         self.config_file.write_text(
-            _CONFIG.format(dir=d, http_port=self.cfg.clickhouse_http_port, tcp_port=self.cfg.clickhouse_tcp_port)
+            _CONFIG.format(
+                dir=d, http_port=self.cfg.clickhouse_http_port, tcp_port=self.cfg.clickhouse_tcp_port
+            )
         )
         (self.dir / "users.xml").write_text(_USERS)
 

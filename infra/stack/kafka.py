@@ -77,7 +77,9 @@ class KafkaServer:
         self.dir = cfg.home_path / "kafka"
         self.data_dir = self.dir / "data"
         self.props_file = self.dir / "server.properties"
-        self.proc = ManagedProcess("kafka", self.dir / "kafka.pid", self.dir / "server.log", str(self.props_file))
+        self.proc = ManagedProcess(
+            "kafka", self.dir / "kafka.pid", self.dir / "server.log", str(self.props_file)
+        )
 
     @property
     def bootstrap(self) -> str:
@@ -102,8 +104,16 @@ class KafkaServer:
         tmp = libs.with_name("libs.partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-               f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]  # fmt: skip
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={tmp}",
+            "-DincludeScope=runtime",
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
             raise StackError(
@@ -139,8 +149,17 @@ class KafkaServer:
         if (self.data_dir / "meta.properties").exists():
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = [java, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
-               "-t", cluster_id, "-c", str(self.props_file)]  # fmt: skip
+        cmd = [
+            java,
+            "-cp",
+            f"{libs}/*",
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(self.props_file),
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise StackError(f"formatting the Kafka log dir failed:\n{(res.stdout + res.stderr)[-2000:]}")
@@ -166,10 +185,19 @@ class KafkaServer:
         self._write_config()
         self._format_once(java, libs)
         heap = f"-Xmx{self.cfg.kafka_heap_mb}m"
-        argv = [java, heap, f"-Xms{min(256, self.cfg.kafka_heap_mb)}m", "-XX:+UseG1GC",
-                "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
-                "-cp", f"{libs}/*", "kafka.Kafka", str(self.props_file)]  # fmt: skip
+        argv = [
+            java,
+            heap,
+            f"-Xms{min(256, self.cfg.kafka_heap_mb)}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
+            "-cp",
+            f"{libs}/*",
+            "kafka.Kafka",
+            str(self.props_file),
+        ]
         self.proc.start(argv, cwd=self.dir)
         return True
 
@@ -177,8 +205,9 @@ class KafkaServer:
         wait_until(lambda: self.healthy(2.0), timeout_s, "Kafka", self.proc)
 
     def healthy(self, timeout_s: float = 3.0) -> bool:
-        return self.proc.pid() is not None and broker_reachable(KafkaConfig(bootstrap_servers=self.bootstrap),
-                                                                timeout_s)
+        return self.proc.pid() is not None and broker_reachable(
+            KafkaConfig(bootstrap_servers=self.bootstrap), timeout_s
+        )
 
     def stop(self) -> bool:
         return self.proc.stop(timeout_s=60)

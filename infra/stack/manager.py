@@ -86,10 +86,7 @@ class Stack:
         """Endpoints and health of both servers (embedded or external)."""
         s = self.settings
         kafka_ok = broker_reachable(s.kafka, timeout_s=3.0)
-        if s.clickhouse.dsn:
-            ch_ok = ClickHouseStore(s.clickhouse).ping()
-        else:
-            ch_ok = ping(s.clickhouse.url)
+        ch_ok = ClickHouseStore(s.clickhouse).ping() if s.clickhouse.dsn else ping(s.clickhouse.url)
         out: dict[str, Any] = {
             "kafka": {"bootstrap_servers": s.kafka.bootstrap_servers, "healthy": kafka_ok},
             "clickhouse": {"url": s.clickhouse.url, "database": s.clickhouse.database, "healthy": ch_ok},

@@ -7,6 +7,7 @@ also checks that the live process's command line contains the marker we started 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -100,10 +101,8 @@ class ManagedProcess:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _is_zombie(pid: int) -> bool:
@@ -116,10 +115,8 @@ def _is_zombie(pid: int) -> bool:
 
 def _alive(pid: int) -> bool:
     if _is_zombie(pid):
-        try:  # reap it if it is our child (tests start servers in-process)
+        with contextlib.suppress(ChildProcessError):  # reap it if it is our child (tests start servers)
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         return False
     return True
 

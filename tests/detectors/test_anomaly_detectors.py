@@ -15,7 +15,7 @@ import pytest
 from sklearn.ensemble import IsolationForest
 
 from detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
-from detectors.anomaly.autoencoder import forward, import_torch
+from detectors.anomaly.autoencoder import AutoencoderParams, _init_layers, _train, forward, import_torch
 from detectors.anomaly.iforest import FlatForest
 from detectors.registry import build, build_enabled, get, register, registered
 from schemas.config import ConfigError
@@ -158,6 +158,28 @@ def test_autoencoder_numpy_forward_matches_torch() -> None:
     code = torch.tanh(torch.tensor(z) @ w[0] + w[1]) @ w[2] + w[3]
     expected = (torch.tanh(code @ w[4] + w[5]) @ w[6] + w[7]).numpy()
     np.testing.assert_allclose(forward(d._weights, z), expected, rtol=1e-10)
+
+
+def test_autoencoder_hand_written_adam_matches_torch_optim() -> None:
+    torch = import_torch()
+    params = AutoencoderParams(steps=15, batch_size=16, lr=0.02)
+    weights = _init_layers([3, 4, 2, 4, 3], np.random.default_rng(0))
+    Z = np.random.RandomState(1).randn(40, 3)
+    ours = _train(weights, Z, np.random.default_rng(2), params)
+
+    gen = np.random.default_rng(2)  # same batches as above
+    ref = [torch.tensor(w, dtype=torch.float32, requires_grad=True) for w in weights]
+    opt = torch.optim.Adam(ref, lr=params.lr)
+    data = torch.tensor(Z, dtype=torch.float32)
+    for _ in range(params.steps):
+        zb = data[torch.from_numpy(gen.choice(len(Z), size=16, replace=False))]
+        code = torch.tanh(zb @ ref[0] + ref[1]) @ ref[2] + ref[3]
+        loss = torch.mean((torch.tanh(code @ ref[4] + ref[5]) @ ref[6] + ref[7] - zb) ** 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for a, b in zip(ours, ref, strict=True):
+        np.testing.assert_allclose(a, b.detach().numpy(), rtol=1e-4, atol=1e-6)
 
 
 def test_autoencoder_flags_broken_correlation_and_ignores_missing() -> None:

@@ -31,7 +31,7 @@ def test_protection_keeps_anomalies_out_of_the_baseline() -> None:
         warm(f)
     stats_before = list(protected.detector._stats["temp"])  # type: ignore[attr-defined]
     for _ in range(5):
-        score, flagged = protected.process_one({"temp": 90.0})
+        _, flagged = protected.process_one({"temp": 90.0})
         assert flagged
         open_.process_one({"temp": 90.0})
     assert protected.detector._stats["temp"] == stats_before  # type: ignore[attr-defined]

@@ -48,7 +48,9 @@ def test_produce_consume_store_and_query_back(stack_settings: Settings) -> None:
         consumer.commit()
         assert store.count("training_steps", "job = %(j)s", {"j": job}) == 1
         row = store.query_dicts(
-            "SELECT node, gpu, state, temperature_c FROM gpu_samples FINAL WHERE job = %(j)s ORDER BY gpu", {"j": job})
+            "SELECT node, gpu, state, temperature_c FROM gpu_samples FINAL WHERE job = %(j)s ORDER BY gpu",
+            {"j": job},
+        )
         assert [(r["gpu"], r["state"]) for r in row] == [(0, "ok"), (1, "lost")]
         assert store.count("decisions", "job = %(j)s", {"j": job}) == 1
         store.close()
@@ -62,13 +64,20 @@ def test_garbage_on_every_topic_ends_in_the_dead_letter_topic_and_table(stack_se
     producer = EventProducer(stack_settings.kafka)
     inputs = [t for t in TOPICS if t is not DEAD_LETTERS]
     # inputs[0] is the GPU topic: it gets a gpu_batch of an unknown version.
-    payloads = [b'{"schema": "gpu_batch", "version": 99}', b"\xff\xfe not utf8", b"{not json",
-                b'{"schema": "nope", "version": 1}', b'{"schema": "gpu_batch", "version": 1}']
+    payloads = [
+        b'{"schema": "gpu_batch", "version": 99}',
+        b"\xff\xfe not utf8",
+        b"{not json",
+        b'{"schema": "nope", "version": 1}',
+        b'{"schema": "gpu_batch", "version": 1}',
+    ]
     for i, t in enumerate(inputs):
         producer.send_raw(t.name, payloads[i % len(payloads)], key=tag.encode())
     producer.flush()
     group = f"dlq-{tag}"
-    consumer = EventConsumer(stack_settings.kafka, [t.name for t in inputs], group_id=group, producer=producer)
+    consumer = EventConsumer(
+        stack_settings.kafka, [t.name for t in inputs], group_id=group, producer=producer
+    )
     try:
         _, dead = _consume_until(consumer, len(inputs))
         mine = [d for d in dead if d.key == tag]
@@ -79,14 +88,22 @@ def test_garbage_on_every_topic_ends_in_the_dead_letter_topic_and_table(stack_se
     finally:
         consumer.close()
     # The dead letters were published: a sink reading the DLQ topic stores them in ClickHouse.
-    sink = Sink(stack_settings, SinkConfig(group_id=f"sink-{tag}", max_wait_s=0.2), topics=[DEAD_LETTERS.name])
+    sink = Sink(
+        stack_settings, SinkConfig(group_id=f"sink-{tag}", max_wait_s=0.2), topics=[DEAD_LETTERS.name]
+    )
     store = ClickHouseStore(stack_settings.clickhouse)
     deadline = time.monotonic() + 30
-    sink.run(lambda: time.monotonic() > deadline
-             or store.count("dead_letters", "key = %(k)s", {"k": tag}) >= len(inputs))
+    sink.run(
+        lambda: (
+            time.monotonic() > deadline
+            or store.count("dead_letters", "key = %(k)s", {"k": tag}) >= len(inputs)
+        )
+    )
     sink.close()
     assert store.count("dead_letters", "key = %(k)s", {"k": tag}) == len(inputs)
-    reasons = {r[0] for r in store.query("SELECT reason FROM dead_letters FINAL WHERE key = %(k)s", {"k": tag})}
+    reasons = {
+        r[0] for r in store.query("SELECT reason FROM dead_letters FINAL WHERE key = %(k)s", {"k": tag})
+    }
     assert any("not UTF-8" in r for r in reasons) and any("unknown version 99" in r for r in reasons)
     assert any("on this topic, got 'gpu_batch'" in r for r in reasons)
     producer.close()

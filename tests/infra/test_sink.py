@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 
 def test_clickhouse_down_loses_no_row(stack_settings: Settings, tmp_path: Path) -> None:
     # A private ClickHouse we can stop without disturbing other tests; the shared Kafka broker.
-    stack_cfg = replace(stack_settings.stack, home=str(tmp_path), clickhouse_http_port=29423,
-                        clickhouse_tcp_port=29424)
+    stack_cfg = replace(
+        stack_settings.stack, home=str(tmp_path), clickhouse_http_port=29423, clickhouse_tcp_port=29424
+    )
     server = ClickHouseServer(stack_cfg)
     server.start()
     server.wait_healthy(30)
@@ -33,8 +34,11 @@ def test_clickhouse_down_loses_no_row(stack_settings: Settings, tmp_path: Path) 
     store = ClickHouseStore(settings.clickhouse)
     store.migrate()
     job = f"outage-{uuid.uuid4().hex[:8]}"
-    sink = Sink(settings, SinkConfig(group_id=f"sink-{job}", max_wait_s=0.2, retry_backoff_s=0.2,
-                                     retry_backoff_max_s=1.0), topics=[STEPS.name])
+    sink = Sink(
+        settings,
+        SinkConfig(group_id=f"sink-{job}", max_wait_s=0.2, retry_backoff_s=0.2, retry_backoff_max_s=1.0),
+        topics=[STEPS.name],
+    )
     stop = threading.Event()
     runner = threading.Thread(target=sink.run, args=(stop.is_set,), daemon=True)
     try:

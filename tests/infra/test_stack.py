@@ -25,8 +25,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
     """A second broker in its own home on other ports, so restarting it disturbs no other test."""
-    env = {"TRAINGUARD_HOME": str(tmp_path), "TRAINGUARD__STACK__KAFKA_PORT": "29092",
-           "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": "29093"}
+    env = {
+        "TRAINGUARD_HOME": str(tmp_path),
+        "TRAINGUARD__STACK__KAFKA_PORT": "29092",
+        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": "29093",
+    }
     settings = load_settings(environ=env)
     server = KafkaServer(settings.stack)
     server.start()
@@ -35,7 +38,9 @@ def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
     server.stop()
 
 
-def test_broker_restart_keeps_topics_data_and_group_offsets(private_kafka: tuple[Settings, KafkaServer]) -> None:
+def test_broker_restart_keeps_topics_data_and_group_offsets(
+    private_kafka: tuple[Settings, KafkaServer],
+) -> None:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -51,8 +56,16 @@ def test_broker_restart_keeps_topics_data_and_group_offsets(private_kafka: tuple
     producer.close()
 
     def consume(n: int) -> list[bytes]:
-        c = KafkaConsumer("durable", **kw, group_id="g", auto_offset_reset="earliest", enable_auto_commit=False,
-                          max_poll_records=n, session_timeout_ms=6000, heartbeat_interval_ms=2000)
+        c = KafkaConsumer(
+            "durable",
+            **kw,
+            group_id="g",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_poll_records=n,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=2000,
+        )
         got: list[bytes] = []
         deadline = time.monotonic() + 30
         while len(got) < n and time.monotonic() < deadline:
@@ -85,8 +98,11 @@ def test_up_is_idempotent_and_status_reports_both(stack_settings: Settings) -> N
 
 
 def test_status_exit_code_is_nonzero_when_nothing_runs(tmp_path: Path) -> None:
-    env = {"TRAINGUARD_HOME": str(tmp_path), "TRAINGUARD__STACK__KAFKA_PORT": "29192",
-           "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": "29123"}
+    env = {
+        "TRAINGUARD_HOME": str(tmp_path),
+        "TRAINGUARD__STACK__KAFKA_PORT": "29192",
+        "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": "29123",
+    }
     res = CliRunner().invoke(main, ["stack", "status", "--json"], env=env)
     assert res.exit_code == 1
     st = json.loads(res.output)
@@ -101,8 +117,12 @@ def test_busy_port_is_a_clear_message(tmp_path: Path) -> None:
         cfg = StackConfig(home=str(tmp_path), clickhouse_http_port=port, clickhouse_tcp_port=port + 1)
         with pytest.raises(StackError, match=f"port {port} is already in use"):
             ClickHouseServer(cfg).start()
-        env = {"TRAINGUARD_HOME": str(tmp_path), "TRAINGUARD__STACK__KAFKA_PORT": str(port),
-               "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": "29323", "TRAINGUARD__STACK__CLICKHOUSE_TCP_PORT": "29324"}
+        env = {
+            "TRAINGUARD_HOME": str(tmp_path),
+            "TRAINGUARD__STACK__KAFKA_PORT": str(port),
+            "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": "29323",
+            "TRAINGUARD__STACK__CLICKHOUSE_TCP_PORT": "29324",
+        }
         res = CliRunner().invoke(main, ["stack", "up"], env=env)
         assert res.exit_code != 0 and f"port {port} is already in use" in res.output
         assert "Traceback" not in res.output

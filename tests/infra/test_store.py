@@ -19,15 +19,27 @@ def test_migrations_are_recorded_and_idempotent(store: ClickHouseStore) -> None:
     assert store.migrate() == []  # the fixture already applied them
     applied = store.applied_migrations()
     assert sorted(applied) == [m.version for m in load_migrations()]
-    tables = {r[0] for r in store.query("SELECT name FROM system.tables WHERE database = %(d)s",
-                                        {"d": store.cfg.database})}
+    tables = {
+        r[0]
+        for r in store.query(
+            "SELECT name FROM system.tables WHERE database = %(d)s", {"d": store.cfg.database}
+        )
+    }
     assert {t for t, _ in TABLES.values()} <= tables
 
 
 def test_a_changed_migration_is_refused(store: ClickHouseStore) -> None:
-    store.insert_rows("schema_migrations", [{"version": 1, "name": "telemetry", "checksum": "tampered",
-                                             "applied_at": datetime.now(tz=UTC).replace(microsecond=0)
-                                             + timedelta(seconds=5)}])
+    store.insert_rows(
+        "schema_migrations",
+        [
+            {
+                "version": 1,
+                "name": "telemetry",
+                "checksum": "tampered",
+                "applied_at": datetime.now(tz=UTC).replace(microsecond=0) + timedelta(seconds=5),
+            }
+        ],
+    )
     with pytest.raises(StoreError, match="changed after it was applied"):
         store.migrate()
 
@@ -55,33 +67,53 @@ def test_recomputed_steps_are_kept_but_duplicates_collapse(store: ClickHouseStor
 
 def test_postmortem_queries_run_on_this_engine(store: ClickHouseStore) -> None:
     t0 = now_ms()
-    steps = [TrainingStep(job="pm", rank=r, step=s, ts_ms=t0 + s * 1000 + r, loss=5.0 - s * 0.1,
-                          step_time_s=1.0 + (0.5 if r == 2 else 0.0)) for r in range(4) for s in range(20)]
+    steps = [
+        TrainingStep(
+            job="pm",
+            rank=r,
+            step=s,
+            ts_ms=t0 + s * 1000 + r,
+            loss=5.0 - s * 0.1,
+            step_time_s=1.0 + (0.5 if r == 2 else 0.0),
+        )
+        for r in range(4)
+        for s in range(20)
+    ]
     store.insert_events(steps)
     last = store.query(
         "SELECT rank, max(step), argMax(loss, step) FROM training_steps FINAL WHERE job = %(j)s "
-        "GROUP BY rank ORDER BY rank", {"j": "pm"})
+        "GROUP BY rank ORDER BY rank",
+        {"j": "pm"},
+    )
     assert [r[1] for r in last] == [19] * 4
     slow = store.query(
         "SELECT rank, quantile(0.5)(step_time_s) AS p50 FROM training_steps FINAL WHERE job = %(j)s "
-        "GROUP BY rank ORDER BY p50 DESC LIMIT 1", {"j": "pm"})
+        "GROUP BY rank ORDER BY p50 DESC LIMIT 1",
+        {"j": "pm"},
+    )
     assert slow[0][0] == 2
     latest = store.query_dicts(
         "SELECT rank, step FROM training_steps FINAL WHERE job = %(j)s ORDER BY step DESC LIMIT 1 BY rank",
-        {"j": "pm"})
+        {"j": "pm"},
+    )
     assert sorted(d["rank"] for d in latest) == [0, 1, 2, 3]
     per_minute = store.query(
         "SELECT toStartOfMinute(ts) AS m, count() FROM training_steps FINAL WHERE job = %(j)s GROUP BY m",
-        {"j": "pm"})
+        {"j": "pm"},
+    )
     assert sum(r[1] for r in per_minute) == 80
 
 
 def test_prune_drops_only_old_daily_partitions(store: ClickHouseStore) -> None:
     old = int((time.time() - 30 * 86400) * 1000)
-    store.insert_events([TrainingStep(job="old", rank=0, step=1, ts_ms=old),
-                         TrainingStep(job="new", rank=0, step=1, ts_ms=now_ms())])
+    store.insert_events(
+        [
+            TrainingStep(job="old", rank=0, step=1, ts_ms=old),
+            TrainingStep(job="new", rank=0, step=1, ts_ms=now_ms()),
+        ]
+    )
     dropped = store.prune(keep_days=7)
-    assert ("training_steps", ) == tuple({t for t, _ in dropped})
+    assert tuple({t for t, _ in dropped}) == ("training_steps",)
     assert store.count("training_steps", "job = 'old'") == 0
     assert store.count("training_steps", "job = 'new'") == 1
     assert store.prune(keep_days=7, today=date.today()) == []

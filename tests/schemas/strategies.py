@@ -15,7 +15,11 @@ from typing import Any, Union
 from hypothesis import strategies as st
 
 _JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**31), 2**31), st.text(max_size=10))
-_JSON = st.recursive(_JSON_LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+_JSON = st.recursive(
+    _JSON_LEAF,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def _number(tp: type, meta: dict[str, Any]) -> st.SearchStrategy[Any]:
@@ -55,5 +59,7 @@ def strategy_for(tp: Any, meta: dict[str, Any] | None = None) -> st.SearchStrate
 
 def dataclass_strategy(cls: type) -> st.SearchStrategy[Any]:
     hints = typing.get_type_hints(cls)
-    fields = {f.name: strategy_for(hints[f.name], dict(f.metadata)) for f in dataclasses.fields(cls) if f.init}
+    fields = {
+        f.name: strategy_for(hints[f.name], dict(f.metadata)) for f in dataclasses.fields(cls) if f.init
+    }
     return st.builds(cls, **fields)

@@ -30,7 +30,9 @@ def _same(a: object, b: object) -> bool:
 
 
 @pytest.mark.parametrize("cls", sorted(EVENT_TYPES.values(), key=lambda c: c.TYPE), ids=lambda c: c.TYPE)
-@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much], deadline=None)
+@settings(
+    max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much], deadline=None
+)
 @given(data=st.data())
 def test_round_trip_every_event_type(cls: type[Event], data: st.DataObject) -> None:
     try:
@@ -52,8 +54,12 @@ def test_random_bytes_only_ever_raise_decode_error(raw: bytes) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(doc=st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=4)))
+@given(
+    doc=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+    )
+)
 def test_random_json_only_ever_raises_decode_error(doc: object) -> None:
     if isinstance(doc, dict):
         doc = {"schema": "training_step", "version": 1, **doc}
@@ -74,19 +80,34 @@ def test_random_json_only_ever_raises_decode_error(doc: object) -> None:
         (b'{"schema": "gpu_batch_v9", "version": 1}', "unknown event type 'gpu_batch_v9'"),
         (b'{"schema": "gpu_batch", "version": 7}', "unknown version 7 of 'gpu_batch'"),
         (b'{"schema": "gpu_batch", "version": "1"}', "version: missing or not an integer"),
-        (b'{"schema": "training_step", "version": 1, "job": "j", "step": 1, "ts_ms": 1}', "training_step.rank: is required"),
-        (b'{"schema": "training_step", "version": 1, "job": "j", "rank": 0, "step": 1, "ts_ms": 1, "mfu": 1.7}',
-         "training_step.mfu: 1.7 is above the maximum 1"),
-        (b'{"schema": "training_step", "version": 1, "job": "j", "rank": 0, "step": 1, "ts_ms": 1, "x": 1}',
-         "unknown field(s) 'x'"),
-        (b'{"schema": "gpu_batch", "version": 1, "node": "n", "ts_ms": 1, "gpus": [{"index": 0, "temperature_c": NaN}]}',
-         "gpu_batch.gpus[0].temperature_c: non-finite value nan not allowed"),
-        (b'{"schema": "gpu_batch", "version": 1, "node": "n", "ts_ms": 1, "gpus": [{"index": 0, "state": "melted"}]}',
-         "gpus[0].state: 'melted' is not one of: ok, lost, unavailable, no_driver"),
-        (b'{"schema": "process_exit", "version": 1, "node": "n", "ts_ms": 1, "pid": 3}',
-         "needs an exit_code, a signal or a reason"),
-        (b'{"schema": "training_step", "version": 1, "job": "j", "rank": true, "step": 1, "ts_ms": 1}',
-         "rank: expected an integer, got bool"),
+        (
+            b'{"schema": "training_step", "version": 1, "job": "j", "step": 1, "ts_ms": 1}',
+            "training_step.rank: is required",
+        ),
+        (
+            b'{"schema": "training_step", "version": 1, "job": "j", "rank": 0, "step": 1, "ts_ms": 1, "mfu": 1.7}',
+            "training_step.mfu: 1.7 is above the maximum 1",
+        ),
+        (
+            b'{"schema": "training_step", "version": 1, "job": "j", "rank": 0, "step": 1, "ts_ms": 1, "x": 1}',
+            "unknown field(s) 'x'",
+        ),
+        (
+            b'{"schema": "gpu_batch", "version": 1, "node": "n", "ts_ms": 1, "gpus": [{"index": 0, "temperature_c": NaN}]}',
+            "gpu_batch.gpus[0].temperature_c: non-finite value nan not allowed",
+        ),
+        (
+            b'{"schema": "gpu_batch", "version": 1, "node": "n", "ts_ms": 1, "gpus": [{"index": 0, "state": "melted"}]}',
+            "gpus[0].state: 'melted' is not one of: ok, lost, unavailable, no_driver",
+        ),
+        (
+            b'{"schema": "process_exit", "version": 1, "node": "n", "ts_ms": 1, "pid": 3}',
+            "needs an exit_code, a signal or a reason",
+        ),
+        (
+            b'{"schema": "training_step", "version": 1, "job": "j", "rank": true, "step": 1, "ts_ms": 1}',
+            "rank: expected an integer, got bool",
+        ),
     ],
 )
 def test_garbage_is_rejected_with_a_precise_reason(raw: bytes | None, reason: str) -> None:
@@ -107,7 +128,9 @@ def test_oversized_record_is_rejected_before_parsing() -> None:
 
 
 def test_nan_loss_survives_the_wire() -> None:
-    back = decode(encode(TrainingStep(job="j", rank=1, step=2, ts_ms=3, loss=float("nan"), grad_norm=float("inf"))))
+    back = decode(
+        encode(TrainingStep(job="j", rank=1, step=2, ts_ms=3, loss=float("nan"), grad_norm=float("inf")))
+    )
     assert isinstance(back, TrainingStep)
     assert back.loss is not None and math.isnan(back.loss)
     assert back.grad_norm == float("inf")

@@ -24,7 +24,9 @@ def test_yaml_then_env_override(tmp_path: Path) -> None:
         "  sasl_mechanism: SCRAM-SHA-512\n  sasl_username: tg\nclickhouse:\n  host: ch.prod\n  port: 8443\n"
         "  secure: true\nstack:\n  embedded: false\n"
     )
-    s = load_settings(f, environ={"TRAINGUARD__KAFKA__SASL_PASSWORD": "0123", "TRAINGUARD__CLICKHOUSE__PORT": "9443"})
+    s = load_settings(
+        f, environ={"TRAINGUARD__KAFKA__SASL_PASSWORD": "0123", "TRAINGUARD__CLICKHOUSE__PORT": "9443"}
+    )
     assert s.kafka.servers == ["k1:9092", "k2:9092"]
     assert s.kafka.sasl_password == "0123"  # strings stay strings, not the number 123
     kw = s.kafka.client_kwargs()

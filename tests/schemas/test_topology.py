@@ -18,10 +18,15 @@ def test_megatron_default_order_formula() -> None:
 
 
 @given(
-    tp=st.integers(1, 4), pp=st.integers(1, 4), dp=st.integers(1, 4), rpm=st.integers(1, 8),
+    tp=st.integers(1, 4),
+    pp=st.integers(1, 4),
+    dp=st.integers(1, 4),
+    rpm=st.integers(1, 8),
     order=st.sampled_from(["tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-dp-tp"]),
 )
-def test_groups_partition_the_world_and_coords_invert(tp: int, pp: int, dp: int, rpm: int, order: str) -> None:
+def test_groups_partition_the_world_and_coords_invert(
+    tp: int, pp: int, dp: int, rpm: int, order: str
+) -> None:
     t = JobTopology(job="j", tp=tp, pp=pp, dp=dp, ranks_per_machine=rpm, order=order)
     for r in range(t.world_size):
         assert t.rank(**t.coords(r)._asdict()) == r

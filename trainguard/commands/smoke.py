@@ -33,15 +33,31 @@ def smoke_events(job: str, nodes: int, rounds: int, ranks: int, t0: int) -> list
         ts = t0 + r * 10_000
         for n in range(nodes):
             gpus = [
-                GpuSample(index=i, temperature_c=round(rnd.uniform(50, 70), 1), util_gpu_pct=rnd.uniform(90, 100),
-                          power_w=rnd.uniform(500, 700), ecc_volatile_uncorrected=0, pcie_replay_count=0)
+                GpuSample(
+                    index=i,
+                    temperature_c=round(rnd.uniform(50, 70), 1),
+                    util_gpu_pct=rnd.uniform(90, 100),
+                    power_w=rnd.uniform(500, 700),
+                    ecc_volatile_uncorrected=0,
+                    pcie_replay_count=0,
+                )
                 for i in range(GPUS_PER_NODE)
-            ]  # fmt: skip
+            ]
             events.append(GpuSampleBatch(node=f"{job}-node{n}", ts_ms=ts, gpus=gpus, job=job))
         for rank in range(ranks):
             loss = 4.0 * math.exp(-r / 20) + rnd.uniform(0, 0.05)
-            events.append(TrainingStep(job=job, rank=rank, step=r, ts_ms=ts + rank, node=f"{job}-node{rank % nodes}",
-                                       loss=loss, grad_norm=rnd.uniform(0.5, 1.5), step_time_s=1.0))  # fmt: skip
+            events.append(
+                TrainingStep(
+                    job=job,
+                    rank=rank,
+                    step=r,
+                    ts_ms=ts + rank,
+                    node=f"{job}-node{rank % nodes}",
+                    loss=loss,
+                    grad_norm=rnd.uniform(0.5, 1.5),
+                    step_time_s=1.0,
+                )
+            )
     xid = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
     events.append(LogLine(node=f"{job}-node0", ts_ms=t0 + 5, source="kernel", line=xid, seq=1, job=job))
     return events
@@ -91,7 +107,9 @@ def smoke(ctx: click.Context, nodes: int, rounds: int, ranks: int, timeout: floa
     stats = sink.run(should_stop)
     sink.close()
     elapsed = time.monotonic() - t0
-    click.echo(f"sink stored {sum(stats.rows.values())} rows ({stats.dead_letters} dead letter) in {elapsed:.1f}s")
+    click.echo(
+        f"sink stored {sum(stats.rows.values())} rows ({stats.dead_letters} dead letter) in {elapsed:.1f}s"
+    )
 
     rows = store.query(
         "SELECT node, count() AS samples, round(toFloat64(max(temperature_c)), 1) AS max_temp_c "

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up everything TrainGuard needs on a fresh Debian machine (idempotent, quick when done):
+# system packages (Java 17 + Maven for the Kafka broker, Debian's clickhouse-server, python3-venv),
+# then a virtualenv in .venv with the project and its pinned dependencies (pip's cache is kept,
+# so the multi-GB torch wheel is downloaded once per machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server clickhouse-client)
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3.12 python3; do
+    if command -v "$cand" >/dev/null 2>&1; then PY=$cand; break; fi
+  done
+fi
+[ -n "$PY" ] || need+=(python3 python3-venv)
+if [ -n "$PY" ] && ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then need+=(python3-venv); fi
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing system packages: ${need[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+  PY=${PY:-python3}
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+# Reinstall only when the dependency spec changed.
+stamp=.venv/.trainguard-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing Python dependencies (first run downloads torch: several GB, cached by pip)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+echo "setup: ready (.venv/bin/trainguard)"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command (README, CI): set up, start the real local stack, lint, type-check, test.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` or `scripts/test.sh -k store`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+trainguard stack up
+# CI leaves nothing running behind it; a developer keeps the stack for the next run.
+if [ "${CI:-}" = "true" ]; then trap 'trainguard stack down || true' EXIT; fi
+ruff check .
+ruff format --check .
+mypy
+pytest "$@"
