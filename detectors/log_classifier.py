@@ -35,7 +35,7 @@ import signal as _signal
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from detectors.findings import SEVERITY_RANK, Finding
@@ -50,7 +50,14 @@ class ClassifierConfig:
 
     #: a traceback frame whose path contains one of these is library code, not the user's.
     library_markers: list[str] = field(
-        default_factory=lambda: ["site-packages", "dist-packages", "/torch/", "<frozen", "<string>", "<stdin>"]
+        default_factory=lambda: [
+            "site-packages",
+            "dist-packages",
+            "/torch/",
+            "<frozen",
+            "<string>",
+            "<stdin>",
+        ]
     )
     #: a frame whose path matches this regex is in the Python standard library.
     stdlib_pattern: str = r"[/\\]lib[/\\]python\d+(?:\.\d+)?[/\\]"
@@ -132,16 +139,24 @@ _TS_PREFIXES = (
 _RANK = re.compile(r"\[(?:rank|default)\s*(?P<a>\d+)\]:?\s?|\[\d+,(?P<b>\d+)\]<std(?:out|err)>:\s?", re.I)
 _SRUN = re.compile(r"(?P<c>\d{1,6}):\s")  # srun --label "3: "
 _ISO = re.compile(
-    r"^\s*\[?(?P<d>\d{4}-\d{2}-\d{2})[T ](?P<t>\d{2}:\d{2}:\d{2})(?:[.,](?P<f>\d+))?(?P<z>Z|[+-]\d{2}:?\d{2})?"
+    r"^\s*\[?(?P<d>\d{4}-\d{2}-\d{2})[T ](?P<t>\d{2}:\d{2}:\d{2})"
+    r"(?:[.,](?P<f>\d+))?(?P<z>Z|[+-]\d{2}:?\d{2})?"
 )
 _DMESG = re.compile(r"^\s*\[\s*(?P<s>\d+\.\d+)\]")
 _SYSLOG = re.compile(r"^\s*(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) (?P<t>\d{2}:\d{2}:\d{2})\b")
-_MONTHS = {m: i + 1 for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split())}
+_MONTHS = {
+    m: i + 1
+    for i, m in enumerate(
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+    )
+}
 
 _TB_START = re.compile(r"Traceback \(most recent call last\):")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
 _EXC_COLON = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w*\.)*[A-Z]\w*):(?:\s?(?P<msg>.*))?$")
-_EXC_BARE = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Warning|Iteration))\s*$")
+_EXC_BARE = re.compile(
+    r"^(?P<exc>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Warning|Iteration))\s*$"
+)
 
 
 def split_prefix(line: str) -> tuple[str, int | None]:
@@ -193,7 +208,7 @@ def parse_timestamp(line: str) -> float | None:
             return dt.timestamp() + frac
         if (m := _SYSLOG.match(line)) and m.group("mon") in _MONTHS:
             h, mi, s = (int(x) for x in m.group("t").split(":"))
-            dt = datetime(2001, _MONTHS[m.group("mon")], int(m.group("day")), h, mi, s, tzinfo=timezone.utc)
+            dt = datetime(2001, _MONTHS[m.group("mon")], int(m.group("day")), h, mi, s, tzinfo=UTC)
             return dt.timestamp()
     except ValueError:  # 2024-13-45 and friends: no usable time, not an error
         return None
@@ -467,7 +482,11 @@ def classify_exit(
         results = [clf.feed(line) for line in traceback_text.splitlines()]
         hits = [r for r in results if r.matched and r.action not in (Action.NONE, Action.IGNORE)]
         final = [r for r in hits if "exception" in r.fields]
-        best = final[-1] if final else max(hits, key=lambda r: SEVERITY_RANK[r.severity or Severity.INFO], default=None)
+        best = (
+            final[-1]
+            if final
+            else max(hits, key=lambda r: SEVERITY_RANK[r.severity or Severity.INFO], default=None)
+        )
         if best is not None:
             return Classification(
                 line=best.line,

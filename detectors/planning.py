@@ -114,8 +114,10 @@ def plan_dual_phase_replay(pp: int, dp: int, k: int = 1, n_machines: int | None 
         raise PlanningError(f"k={k} must divide DP={dp} (n = DP / k)")
     m, n = k * pp, dp // k
     if m > n:
-        raise PlanningError(f"m = k*PP = {m} exceeds n = DP/k = {n}: the intersection would not be unique; "
-                            f"valid k: {valid_replay_ks(pp, dp)}")
+        raise PlanningError(
+            f"m = k*PP = {m} exceeds n = DP/k = {n}: the intersection would not be unique; "
+            f"valid k: {valid_replay_ks(pp, dp)}"
+        )
     total = pp * dp if n_machines is None else n_machines
     if total < 1 or total % m:
         raise PlanningError(f"{total} machines cannot be split into horizontal groups of m={m}")
@@ -174,12 +176,16 @@ def _shares_group(t: JobTopology, a: int, b: int) -> bool:
 def _shift_candidates(t: JobTopology) -> list[dict[Dim, int]]:
     """Uniform coordinate shifts moving every rank in >= 2 coordinates, half-sizes first."""
     sizes = {d: t.size(d) for d in DIMS}
-    usable = [d for d in ("dp", "pp", "tp") if sizes[d] >= 2]
+    order: tuple[Dim, ...] = ("dp", "pp", "tp")  # the paper's Fig. 9 shifts DP and PP
+    usable = [d for d in order if sizes[d] >= 2]
     out: list[dict[Dim, int]] = []
     for i, a in enumerate(usable):
         for b in usable[i + 1 :]:
             prefs = [(sizes[a] // 2, sizes[b] // 2)] + [
-                (sa, sb) for sa in range(1, sizes[a]) for sb in range(1, sizes[b]) if (sa, sb) != (sizes[a] // 2, sizes[b] // 2)
+                (sa, sb)
+                for sa in range(1, sizes[a])
+                for sb in range(1, sizes[b])
+                if (sa, sb) != (sizes[a] // 2, sizes[b] // 2)
             ]
             out.extend({a: sa, b: sb} for sa, sb in prefs)
     return out
@@ -196,7 +202,8 @@ def _rank_shift(t: JobTopology) -> dict[Dim, int]:
     cands = _shift_candidates(t)
     if not cands:
         raise PlanningError(
-            f"job {t.job!r} (tp={t.tp}, pp={t.pp}, dp={t.dp}) has fewer than two parallel dimensions of size >= 2: "
+            f"job {t.job!r} (tp={t.tp}, pp={t.pp}, dp={t.dp}) has fewer than two parallel dimensions "
+            "of size >= 2: "
             "every other rank shares a parallel group with it, so no cross-group backup peer exists "
             "(ByteRobust falls back to neighbouring machines for pure ZeRO/DP jobs)"
         )

@@ -53,7 +53,9 @@ _XID_NVRM = re.compile(
     r"(?P<xid>\d{1,4})\b\s*,?(?P<rest>.*)$",
     re.IGNORECASE,
 )
-_XID_LOOSE = re.compile(r"\bxid(?:\s+error)?\s*(?:code)?\s*[:=#]?\s*(?P<xid>\d{1,4})\b(?P<rest>.*)$", re.IGNORECASE)
+_XID_LOOSE = re.compile(
+    r"\bxid(?:\s+error)?\s*(?:code)?\s*[:=#]?\s*(?P<xid>\d{1,4})\b(?P<rest>.*)$", re.IGNORECASE
+)
 _XID_PID = re.compile(r"\bpid\s*=\s*'?(?P<pid>\d+)'?", re.IGNORECASE)
 _XID_NAME = re.compile(r"\bname\s*=\s*(?P<name>[^,]+?)\s*,", re.IGNORECASE)
 
@@ -130,8 +132,8 @@ class Rule:
         >>> r = Rule(id="x", category="network_error", severity=Severity.ERROR, action=Action.EVICT,
         ...          patterns=["link down"], count=2, window_s=300, below_action=Action.IGNORE,
         ...          below_severity=Severity.WARNING)
-        >>> r.decide(1), r.decide(2)
-        ((<Action.IGNORE: 'ignore'>, <Severity.WARNING: 'warning'>, False), (<Action.EVICT: 'evict'>, <Severity.ERROR: 'error'>, True))
+        >>> [(a.value, s.value, esc) for a, s, esc in (r.decide(1), r.decide(2))]
+        [('ignore', 'warning', False), ('evict', 'error', True)]
         """
         if count >= self.count:
             return self.action, self.severity, self.thresholded
@@ -231,10 +233,61 @@ def parse_xid(line: str) -> dict[str, Any] | None:
     return out
 
 
+def required_literals(pattern: str) -> list[frozenset[str]]:
+    """Literal texts a match of ``pattern`` must contain: each clause is "any of these" (lowercase).
+
+    Used as a cheap prefilter (substring tests) before running the regular expression; an
+    unparseable pattern simply has no clauses (always searched).
+
+    >>> required_literals(r"NETDEV WATCHDOG:\s*(?P<i>\w+) .*transmit (?:queue|ring)")
+    [frozenset({'netdev watchdog:'}), frozenset({'transmit '}), frozenset({'queue', 'ring'})]
+    """
+    try:
+        from re import _parser as sre  # type: ignore[attr-defined]
+
+        tree = sre.parse(pattern)
+    except Exception:  # private API moved, or an exotic pattern: no prefilter, still correct
+        return []
+    return _literal_clauses(list(tree), sre)
+
+
+def _literal_clauses(items: list[Any], sre: Any) -> list[frozenset[str]]:
+    clauses: list[frozenset[str]] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if len(run) >= 3:
+            clauses.append(frozenset({"".join(run).lower()}))
+        run.clear()
+
+    for op, av in items:
+        if op is sre.LITERAL:
+            run.append(chr(av))
+            continue
+        flush()
+        if op is sre.SUBPATTERN:
+            clauses.extend(_literal_clauses(list(av[-1]), sre))
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT) and av[0] >= 1:
+            clauses.extend(_literal_clauses(list(av[2]), sre))
+        elif op is sre.BRANCH:
+            # any-of: usable only if every alternative requires some literal
+            alts = [_literal_clauses(list(b), sre) for b in av[1]]
+            if all(alts):
+                # per alternative its most selective clause; the branch needs one of their literals
+                chosen = [max(a, key=lambda c: min(len(x) for x in c)) for a in alts]
+                clauses.append(frozenset().union(*chosen))
+    flush()
+    return clauses
+
+
+def _passes(clauses: list[frozenset[str]], low: str) -> bool:
+    return all(any(lit in low for lit in clause) for clause in clauses)
+
+
 class RuleTable:
     """Validated, ordered rows with compiled patterns; matching is pure (no counting here)."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[Rule], *, prefilter: bool = True) -> None:
         seen: set[str] = set()
         for r in rules:
             if r.id in seen:
@@ -243,6 +296,10 @@ class RuleTable:
         order = sorted(range(len(rules)), key=lambda i: (rules[i].priority, i))
         self.rules: tuple[Rule, ...] = tuple(rules[i] for i in order)
         self._compiled = {r.id: [re.compile(p, re.IGNORECASE) for p in r.patterns] for r in self.rules}
+        # Substring prefilters: most lines match no rule, and a regex scan per pattern per line
+        # dominates the cost; literal checks reject them first (ASCII lines only, where
+        # lower() agrees exactly with re.IGNORECASE).
+        self._clauses = {r.id: [required_literals(p) if prefilter else [] for p in r.patterns] for r in self.rules}
         self._xid_rows: dict[int, list[Rule]] = {}
         for r in self.rules:
             if r.source == "log":
@@ -263,8 +320,10 @@ class RuleTable:
     def for_source(self, source: str) -> list[Rule]:
         return [r for r in self.rules if r.source == source]
 
-    def _search(self, rule: Rule, line: str) -> dict[str, Any] | None:
-        for rx in self._compiled[rule.id]:
+    def _search(self, rule: Rule, line: str, low: str | None = None) -> dict[str, Any] | None:
+        for rx, clauses in zip(self._compiled[rule.id], self._clauses[rule.id], strict=True):
+            if low is not None and not _passes(clauses, low):
+                continue
             m = rx.search(line)
             if m:
                 return {k: _coerce(v) for k, v in m.groupdict().items() if v is not None}
@@ -272,10 +331,11 @@ class RuleTable:
 
     def match_line(self, line: str, *, in_traceback: bool = False) -> RuleMatch | None:
         """The first row matching one log line (``in_traceback``: it ends a traceback)."""
+        low = line.lower() if line.isascii() else None
         xid = parse_xid(line)
         if xid is not None:
             for r in self._xid_rows.get(xid["xid"], []):
-                found = self._search(r, line) if r.patterns else {}
+                found = self._search(r, line, low) if r.patterns else {}
                 if found is not None:
                     return RuleMatch(r, {**xid, **found})
             if self._xid_fallback is not None:
@@ -283,7 +343,7 @@ class RuleTable:
         for r in self._line_rows:
             if r.context == "traceback" and not in_traceback:
                 continue
-            found = self._search(r, line)
+            found = self._search(r, line, low)
             if found is not None:
                 return RuleMatch(r, found)
         return None
@@ -411,8 +471,8 @@ def nic_fields(sample: Mapping[str, Any]) -> dict[str, Any]:
     (0/1), ``carrier_changes`` and ``carrier_changes_prev`` (sysfs counter), ``port_state``
     (IB: ACTIVE/DOWN/INIT/ARMED).  Derived: ``carrier_changes_growth``.
 
-    >>> nic_fields({"interface": "ib0", "carrier_changes": 9, "carrier_changes_prev": 5})["carrier_changes_growth"]
-    4.0
+    >>> nic_fields({"interface": "ib0", "carrier_changes": 9, "carrier_changes_prev": 5})
+    {'interface': 'ib0', 'carrier_changes': 9, 'carrier_changes_prev': 5, 'carrier_changes_growth': 4.0}
     """
     if not isinstance(sample, Mapping):
         return {}

@@ -91,7 +91,11 @@ class SpikeDetector:
                         recent.clear()  # a regime change, not a spike: learn the new level
                         self._streak[metric] = 0
                     evidence.update(value=value, median=median, factor=value / median)
-                    out.append(self._finding("spike", f"{metric}_spike", Severity.WARNING, value / median, evidence, ts))
+                    out.append(
+                        self._finding(
+                            "spike", f"{metric}_spike", Severity.WARNING, value / median, evidence, ts
+                        )
+                    )
                     continue
             self._streak[metric] = 0
             recent.append(value)
@@ -348,4 +352,3 @@ class MfuDeclineDetector:
         self._low = 0
         self._baseline.append(v)
         return None
-

@@ -17,6 +17,7 @@ Usage: ``python scripts/capture_stack_fixtures.py --out tests/fixtures/stacks [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -68,12 +69,45 @@ SCENARIOS = [
     Scenario("tp2pp4dp1_compute_hang_first_stage", 2, 4, 1, 2, "compute_hang", 0),
     Scenario("tp2pp4dp1_checkpoint_hang_middle_stage", 2, 4, 1, 2, "checkpoint_hang", 3, checkpoint=True),
     Scenario("tp2pp4dp1_dataloader_hang_last_stage", 2, 4, 1, 2, "dataloader_hang", 6),
-    Scenario("tp2pp2dp2_slow_rank_middle", 2, 2, 2, 2, "slow_rank", 6, rounds=5, compute_s=0.15,
-             expected_verdict="fail_slow"),
-    Scenario("tp1pp4dp2_slow_rank_last_stage", 1, 4, 2, 2, "slow_rank", 7, rounds=5, compute_s=0.15,
-             expected_verdict="fail_slow"),
-    Scenario("tp2pp2dp2_healthy", 2, 2, 2, 2, "none", checkpoint=True, rounds=5, compute_s=0.15,
-             expected_verdict="healthy", expected_kind=None),
+    # tp2-pp1-dp4: no pipeline, so the TP group (one machine here) is the unit to evict.
+    Scenario("tp2pp1dp4_compute_hang", 2, 1, 4, 2, "compute_hang", 5, expected_kind="tp"),
+    Scenario(
+        "tp2pp2dp2_slow_rank_middle",
+        2,
+        2,
+        2,
+        2,
+        "slow_rank",
+        6,
+        rounds=5,
+        compute_s=0.15,
+        expected_verdict="fail_slow",
+    ),
+    Scenario(
+        "tp1pp4dp2_slow_rank_last_stage",
+        1,
+        4,
+        2,
+        2,
+        "slow_rank",
+        7,
+        rounds=5,
+        compute_s=0.15,
+        expected_verdict="fail_slow",
+    ),
+    Scenario(
+        "tp2pp2dp2_healthy",
+        2,
+        2,
+        2,
+        2,
+        "none",
+        checkpoint=True,
+        rounds=5,
+        compute_s=0.15,
+        expected_verdict="healthy",
+        expected_kind=None,
+    ),
 ]
 
 
@@ -101,23 +135,37 @@ def is_python(pid: int) -> bool:
         return False
 
 
-def dump(pid: int, stem: Path) -> None:
-    for suffix, extra in ((".txt", []), (".json", ["--json"])):
-        res = subprocess.run(
-            [str(PY_SPY), "dump", "--pid", str(pid), *extra], capture_output=True, text=True, timeout=60
-        )
-        if res.returncode != 0:
-            raise RuntimeError(f"py-spy dump of {pid} failed: {res.stderr.strip()}")
-        stem.with_suffix(suffix).write_text(res.stdout)
-
-
 def dump_round(procs: dict[int, subprocess.Popen[bytes]], out: Path) -> None:
+    """Dump every rank and its children, all processes at once per format.
+
+    The On-Demand Tracer runs on every machine in parallel; dumping one process after the
+    other would spread a round over seconds, and a job that still moves (fail-slow, healthy)
+    would then show ranks from different steps side by side.
+    """
     out.mkdir(parents=True, exist_ok=True)
+    stems: list[tuple[int, Path]] = []
     for rank, proc in procs.items():
-        dump(proc.pid, out / f"rank{rank}_pid{proc.pid}")
+        stems.append((proc.pid, out / f"rank{rank}_pid{proc.pid}"))
         kids = [c for c in children(proc.pid) if is_python(c)]
-        for k, child in enumerate(kids):
-            dump(child, out / f"rank{rank}_worker{k}_pid{child}")
+        stems += [(c, out / f"rank{rank}_worker{k}_pid{c}") for k, c in enumerate(kids)]
+    for suffix, extra in ((".txt", []), (".json", ["--json"])):
+        spies = [
+            (
+                pid,
+                stem,
+                subprocess.Popen(
+                    [str(PY_SPY), "dump", "--pid", str(pid), *extra],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                ),
+            )
+            for pid, stem in stems
+        ]
+        for pid, stem, spy in spies:
+            stdout, stderr = spy.communicate(timeout=60)
+            if spy.returncode != 0:
+                raise RuntimeError(f"py-spy dump of {pid} failed: {stderr.decode().strip()}")
+            stem.with_suffix(suffix).write_bytes(stdout)
 
 
 def steps(work: Path, world: int) -> list[int]:
@@ -187,10 +235,8 @@ def capture(sc: Scenario, out_root: Path, interval_s: float, stuck_s: float, fau
                 raise RuntimeError(f"rank {r} exited early: {(work / f'rank{r}.log').read_text()[-2000:]}")
     finally:
         for p in procs.values():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)  # the rank and its dataloader/checkpoint children
-            except ProcessLookupError:
-                pass
             p.wait()
         shutil.rmtree(work, ignore_errors=True)
     manifest = {

@@ -7,9 +7,10 @@ all-reduce, blocked send), so this module uses the parallel structure instead of
 1. Ranks are grouped into classes by stack signature (frames without line numbers).
 2. Each *waiting* rank gets edges to the ranks it waits on: a P2P op to its pipeline neighbour
    (direction from the frames, or the only neighbour a first/last stage has); a collective to
-   the members of its group that are *not* in the same collective class (the group kind comes
-   from the frames when they say, otherwise every group kind that is incomplete).  A collective
-   whose whole group is inside it is stuck in itself: its members wait on each other.
+   the members of its group that are *not* in the same collective class.  The group kind comes
+   from the frames when they say; otherwise every incomplete kind is a candidate, except kinds
+   whose absent members themselves wait on this rank.  A collective whose whole group is inside
+   it is stuck in itself: its members wait on each other.
 3. Ranks in compute, data loading, checkpointing or a local wait, and missing ranks, wait on no
    one.  The sink components of this wait-for graph are the candidate roots: one busy rank, a
    stuck collective's group, or a P2P deadlock cycle (e.g. a skipped send).
@@ -90,12 +91,12 @@ class _Layout:
     """Group ids and pipeline neighbours by stride arithmetic (fast for 10^4 ranks)."""
 
     def __init__(self, topo: JobTopology) -> None:
-        self.size = {d: topo.size(d) for d in DIMS}
+        self.size: dict[str, int] = {d: topo.size(d) for d in DIMS}
         self.stride: dict[str, int] = {}
-        s = 1
+        step = 1
         for d in topo.order.split("-"):
-            self.stride[d] = s
-            s *= self.size[d]
+            self.stride[d] = step
+            step *= self.size[d]
 
     def coord(self, kind: str, rank: int) -> int:
         return (rank // self.stride[kind]) % self.size[kind]
@@ -176,7 +177,7 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
     """Find the rank(s) this round's waiting ranks are blocked on."""
     n = topo.world_size
     lay = _Layout(topo)
-    kinds = [k for k in DIMS if lay.size[k] > 1]
+    kinds: list[str] = [k for k in DIMS if lay.size[k] > 1]
     sig_id: dict[str, int] = {}
     cls = [sig_id.setdefault(st.signature, len(sig_id)) for st in states]
 
@@ -202,6 +203,9 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
         return got
 
     out: list[list[int]] = [[] for _ in range(n)]
+    # Collectives whose frames do not say their group: per rank, kind -> members not in it yet.
+    unhinted: dict[int, dict[str, list[int]]] = {}
+    complete: dict[int, list[str]] = {}
     for st in states:
         info = st.main
         if info is None or info.role not in WAITING_ROLES:
@@ -210,42 +214,54 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
         if info.role == Role.P2P and lay.size["pp"] > 1:
             out[r] = [t for t in _p2p_targets(lay, r, info.peer) if t != r]
             continue
-        cand = [info.kind] if info.kind in kinds else kinds
-        targets: list[int] = []
-        complete = []
-        for k in cand:
+        hinted = info.kind is not None and info.kind in kinds
+        per_kind: dict[str, list[int]] = {}
+        for k in [info.kind] if info.kind is not None and hinted else kinds:
             g = lay.gid(k, r)
             if uniform[k][g] == cls[r]:
-                complete.append(k)
+                complete.setdefault(r, []).append(k)
             else:
-                targets.extend(others(k, g, cls[r]))
-        if not targets:
-            # Every member of its group(s) is in this same collective: it is stuck in itself.
-            targets = [m for k in complete for m in lay.members(k, lay.gid(k, r)) if m != r]
-        out[r] = targets
+                per_kind[k] = others(k, g, cls[r])
+        if not hinted:
+            unhinted[r] = per_kind
+        out[r] = [m for ms in per_kind.values() for m in ms]
+    for r, per_kind in unhinted.items():
+        # A kind whose absent members wait on this very rank cannot be the collective's group:
+        # in a well-formed program they would be inside it, not blocked on it.  (Fig. 7: the
+        # last stage's all-gather is not DP, its DP peers wait on it; not PP, the previous stage's
+        # send waits on it; so it is TP, stuck in itself.)
+        kept = [ms for ms in per_kind.values() if not any(r in out[m] for m in ms)]
+        if kept or not complete.get(r):
+            out[r] = [m for ms in (kept or per_kind.values()) for m in ms]
+        else:
+            out[r] = []
+    for r, kinds_done in complete.items():
+        if not out[r]:
+            # Every member of its group is in this same collective: it is stuck in itself.
+            out[r] = [m for k in kinds_done for m in lay.members(k, lay.gid(k, r)) if m != r]
 
     sinks = _tarjan_sinks(out)
     if not cfg.missing_ranks_are_suspects:
-        sinks = [s for s in sinks if any(states[v].main is not None for v in s)]
+        sinks = [sk for sk in sinks if any(states[v].main is not None for v in sk)]
     rev: list[list[int]] = [[] for _ in range(n)]
     for v, ts in enumerate(out):
         for t in ts:
             rev[t].append(v)
     best: list[list[int]] = []
     best_reach = 0
-    for s in sinks:
-        seen = set(s)
-        todo = list(s)
+    for sink in sinks:
+        seen: set[int] = set(sink)
+        todo: list[int] = list(sink)
         while todo:
             v = todo.pop()
-            for u in rev[v]:
-                if u not in seen:
-                    seen.add(u)
-                    todo.append(u)
+            for w in rev[v]:
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
         if len(seen) > best_reach:
-            best, best_reach = [s], len(seen)
+            best, best_reach = [sink], len(seen)
         elif len(seen) == best_reach:
-            best.append(s)
+            best.append(sink)
     roots = tuple(sorted(v for s in best for v in s))
     classes = _classes(cls, states)
     if not roots or best_reach <= len(roots):
@@ -259,7 +275,7 @@ def _cause(roots: tuple[int, ...], states: list[RankState]) -> str:
     roles = {states[r].role for r in roots}
     if roles == {Role.MISSING}:
         return "missing"
-    if not roles & WAITING_ROLES:
+    if roles - WAITING_ROLES - {Role.MISSING}:
         return "busy"  # compute, data loading, checkpointing or a local wait
     if roles == {Role.P2P}:
         return "p2p-cycle"  # e.g. a skipped send: two stages each waiting on the other

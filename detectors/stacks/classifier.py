@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from detectors.stacks.analysis import RankState, RoundAnalysis, analyze_round, rank_states
 from detectors.stacks.config import OverEvictionConfig
@@ -25,7 +26,7 @@ from detectors.stacks.patterns import PatternTable, Role
 from detectors.stacks.result import Evidence, OverEvictionResult, StackClass, Vote
 from detectors.stacks.roles import StackReader
 from schemas.enums import Verdict
-from schemas.topology import JobTopology
+from schemas.topology import DIMS, Dim, JobTopology
 
 MODES = ("auto", "hang", "fail_slow")
 
@@ -42,12 +43,18 @@ class OverEvictionClassifier:
         self.topology = topology
         self.config = config or OverEvictionConfig()
         self.reader = StackReader(patterns, self.config.evidence_frames)
+        self._preference: list[Dim] = [k for k in DIMS if k in self.config.evict_preference]
+        self._preference.sort(key=self.config.evict_preference.index)
 
     def states(self, round_: Round) -> list[RankState]:
         return rank_states(round_, self.topology.world_size, self.reader)
 
     def analyze(self, rounds: Sequence[Round], mode: str = "auto") -> OverEvictionResult:
-        """``mode``: ``auto`` (one round or frozen stacks -> hang, else fail-slow), ``hang``, ``fail_slow``."""
+        """Verdict for these rounds.
+
+        ``mode``: ``auto`` (one round, or rounds whose stacks did not move -> hang analysis;
+        otherwise fail-slow voting), ``hang`` or ``fail_slow`` to force one procedure.
+        """
         if not rounds:
             raise ValueError("no rounds of stacks to analyse")
         return self.analyze_states([self.states(r) for r in rounds], mode)
@@ -66,7 +73,9 @@ class OverEvictionClassifier:
     def _frozen(self, rounds: Sequence[list[RankState]]) -> bool:
         """True when (almost) no rank's stack changed across the rounds: no progress, a hang."""
         first = rounds[0]
-        changed = sum(1 for r, st in enumerate(first) if any(rs[r].signature != st.signature for rs in rounds[1:]))
+        changed = sum(
+            1 for r, st in enumerate(first) if any(rs[r].signature != st.signature for rs in rounds[1:])
+        )
         allowed = max(1, math.floor(self.config.hang_max_changed_fraction * len(first)))
         return changed <= allowed
 
@@ -80,51 +89,65 @@ class OverEvictionClassifier:
         return self._result(Verdict.HANG, ra.roots, kind, group, states, ra, "hang", len(rounds), reason)
 
     def _fail_slow(self, rounds: Sequence[list[RankState]]) -> OverEvictionResult:
+        """Vote over rounds: the ranks most often found as roots, then the group holding them.
+
+        Rounds are sampled from a job that still moves, and py-spy dumps of different ranks are
+        not simultaneous, so one round's roots are noisy: a TP peer computing next to the
+        straggler, or a rank already in the next step.  Counting roots per rank over the rounds
+        and then requiring the chosen group to be hit in enough rounds is robust to that noise.
+        """
         analyses = [analyze_round(states, self.topology, self.config) for states in rounds]
-        votes: Counter[tuple[str, tuple[int, ...]]] = Counter()
-        for ra in analyses:
-            if ra.confident:
-                votes[self.choose_group(ra.roots)] += 1
+        confident = [ra for ra in analyses if ra.confident]
+        root_counts = Counter(r for ra in confident for r in ra.roots)
+        flagged = Counter(self.choose_group(ra.roots) for ra in confident)
+        votes = tuple(Vote(k, g, c) for (k, g), c in flagged.most_common())
         need = max(1, math.ceil(self.config.min_vote_fraction * len(rounds)))
-        vote_list = tuple(Vote(k, g, c) for (k, g), c in votes.most_common())
-        if not votes or votes.most_common(1)[0][1] < need:
-            best = max(analyses, key=lambda a: a.reach)
-            res = self._healthy(rounds[-1], best, "fail_slow", len(rounds))
-            ev = res.evidence
-            reason = f"{ev.reason}; no group flagged in {need} of {len(rounds)} rounds"
-            return OverEvictionResult(
-                res.verdict, (), None, (), (), Evidence(reason, ev.analysis, ev.rounds, ev.cause, ev.root_reach,
-                                                        ev.missing_ranks, ev.classes, vote_list)
-            )
-        (kind, group), count = votes.most_common(1)[0]
-        winning = [i for i, ra in enumerate(analyses) if ra.confident and self.choose_group(ra.roots) == (kind, group)]
-        root_counts = Counter(r for i in winning for r in analyses[i].roots)
-        suspects = tuple(sorted(r for r, c in root_counts.items() if c * 2 >= count))
-        last = winning[-1]
-        ra = analyses[last]
+        if root_counts:
+            top = max(root_counts.values())
+            suspects = tuple(sorted(r for r, c in root_counts.items() if c == top))
+            kind, group = self.choose_group(suspects)
+            members = set(group)
+            hits = [i for i, ra in enumerate(analyses) if ra.confident and members.intersection(ra.roots)]
+            if len(hits) >= need:
+                last = hits[-1]
+                ra = analyses[last]
+                reason = (
+                    f"rank(s) {_short(suspects)} slowest in {top}/{len(rounds)} rounds; their {kind} group "
+                    f"held the roots in {len(hits)}/{len(rounds)} rounds (need {need}); last: "
+                    f"{ra.reach}/{ra.world} ranks waiting on {_short(ra.roots)} "
+                    f"({self._why(rounds[last], ra)})"
+                )
+                return self._result(
+                    Verdict.FAIL_SLOW,
+                    suspects,
+                    kind,
+                    group,
+                    rounds[last],
+                    ra,
+                    "fail_slow",
+                    len(rounds),
+                    reason,
+                    votes,
+                )
+        best = max(analyses, key=lambda a: a.reach)
+        res = self._healthy(rounds[-1], best, "fail_slow", len(rounds), votes=votes)
         reason = (
-            f"{kind} group {_short(group)} flagged in {count}/{len(rounds)} rounds; "
-            f"last flag: {ra.reach}/{ra.world} ranks waiting on rank(s) {_short(ra.roots)} "
-            f"({self._why(rounds[last], ra)})"
+            f"no parallel group held the roots in {need} of {len(rounds)} rounds "
+            f"({len(confident)} round(s) had a clear root)"
         )
-        res = self._result(Verdict.FAIL_SLOW, suspects, kind, group, rounds[last], ra, "fail_slow", len(rounds), reason)
-        ev = res.evidence
-        evidence = Evidence(
-            ev.reason, ev.analysis, ev.rounds, ev.cause, ev.root_reach, ev.missing_ranks, ev.classes, vote_list
-        )
-        return OverEvictionResult(res.verdict, res.suspect_ranks, kind, group, res.evict_machines, evidence)
+        return replace(res, evidence=replace(res.evidence, reason=reason))
 
     # -- helpers --------------------------------------------------------------------------------
 
     def choose_group(self, roots: Sequence[int]) -> tuple[str, tuple[int, ...]]:
         """The parallel group to evict for these root ranks (see module docstring)."""
         topo = self.topology
-        kinds = [k for k in self.config.evict_preference if topo.size(k) > 1]  # type: ignore[arg-type]
+        kinds: list[Dim] = [k for k in self._preference if topo.size(k) > 1]
         if not kinds:
-            kinds = [self.config.evict_preference[0]]  # a 1x1x1 job: the rank's own "group"
+            kinds = [self._preference[0]]  # a 1x1x1 job: the rank's own "group"
         best: tuple[int, str, tuple[int, ...]] | None = None
         for k in kinds:
-            groups = {tuple(topo.group(k, r)) for r in roots}  # type: ignore[arg-type]
+            groups = {tuple(topo.group(k, r)) for r in roots}
             if len(groups) == 1:
                 return k, groups.pop()
             for g in sorted(groups):
@@ -142,18 +165,28 @@ class OverEvictionClassifier:
         busy = [c for c in root.children if c.busy]
         if busy and root.role != Role.COMPUTE:
             c = busy[0]
-            text += f"; its {c.process.value} process {c.pid} is busy in {c.stack.frames[0] if c.stack.frames else '?'}"
+            where = c.stack.frames[0] if c.stack.frames else "?"
+            text += f"; its {c.process.value} process {c.pid} is busy in {where}"
         return text
 
-    def _healthy(self, states: list[RankState], ra: RoundAnalysis, analysis: str, n_rounds: int) -> OverEvictionResult:
+    def _healthy(
+        self,
+        states: list[RankState],
+        ra: RoundAnalysis,
+        analysis: str,
+        n_rounds: int,
+        votes: tuple[Vote, ...] = (),
+    ) -> OverEvictionResult:
         if ra.roots:
+            cfg = self.config
             reason = (
-                f"no localisable root: best candidate rank(s) {_short(ra.roots)} reached by {ra.reach}/{ra.world} ranks "
-                f"(need {self.config.min_reach_fraction:.0%}, at most {self.config.max_root_fraction:.0%} roots)"
+                f"best candidate root(s) {_short(ra.roots)} reached by {ra.reach}/{ra.world} ranks "
+                f"(a root needs >= {cfg.min_reach_fraction:.0%} of ranks waiting on it "
+                f"and <= {cfg.max_root_fraction:.0%} of ranks in it)"
             )
         else:
             reason = "no rank waits on another: nothing stands out"
-        return self._result(Verdict.HEALTHY, (), None, (), states, ra, analysis, n_rounds, reason)
+        return self._result(Verdict.HEALTHY, (), None, (), states, ra, analysis, n_rounds, reason, votes)
 
     def _result(
         self,
@@ -166,6 +199,7 @@ class OverEvictionClassifier:
         analysis: str,
         n_rounds: int,
         reason: str,
+        votes: tuple[Vote, ...] = (),
     ) -> OverEvictionResult:
         machines = tuple(self.topology.machines_of(list(group))) if group else ()
         evidence = Evidence(
@@ -176,6 +210,7 @@ class OverEvictionClassifier:
             root_reach=ra.reach_fraction,
             missing_ranks=tuple(st.rank for st in states if st.main is None),
             classes=_stack_classes(states, ra, set(suspects)),
+            votes=votes,
         )
         return OverEvictionResult(verdict, suspects, kind, group, machines, evidence)
 
@@ -198,8 +233,8 @@ def _stack_classes(states: list[RankState], ra: RoundAnalysis, suspects: set[int
             key = (c.process.value, c.busy, c.stack.signature)
             helpers.setdefault(key, []).append(st.rank)
             info[key] = (c.stack.role.value, c.stack.frames)
-    for key, ranks in sorted(helpers.items(), key=lambda kv: (-len(kv[1]), kv[1][0])):
+    for key, helper_ranks in sorted(helpers.items(), key=lambda kv: (-len(kv[1]), kv[1][0])):
         role, frames = info[key]
-        suspect = key[1] and any(r in suspects for r in ranks)
-        out.append(StackClass(key[0], role, tuple(ranks), frames, suspect, busy=key[1]))
+        suspect = key[1] and any(r in suspects for r in helper_ranks)
+        out.append(StackClass(key[0], role, tuple(helper_ranks), frames, suspect, busy=key[1]))
     return tuple(out)

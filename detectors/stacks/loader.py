@@ -53,7 +53,9 @@ def collect_round(
             chosen[key] = (dn.fmt, dumps)
     mains: dict[int, ProcessDump] = {}
     children: dict[int, list[ProcessDump]] = {}
-    for (rank, worker, pid), (_fmt, dumps) in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+    for (rank, worker, pid), (_fmt, dumps) in sorted(
+        chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)
+    ):
         for d in dumps:
             if worker is None and d.pid == pid:
                 if rank in mains:

@@ -102,4 +102,6 @@ class DumpName:
         if m is None:
             return None
         worker = m.group("worker")
-        return cls(int(m.group("rank")), None if worker is None else int(worker), int(m.group("pid")), m["fmt"])
+        return cls(
+            int(m.group("rank")), None if worker is None else int(worker), int(m.group("pid")), m["fmt"]
+        )

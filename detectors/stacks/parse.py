@@ -18,7 +18,9 @@ from typing import Any
 from detectors.stacks.model import Frame, ProcessDump, ThreadStack, normalize_filename
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # a dump captured from a terminal keeps py-spy's colours
-_THREAD = re.compile(r'^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+)(?: \((?P<status>[^)]*)\))?(?:: "(?P<name>.*)")?\s*$')
+_THREAD = re.compile(
+    r'^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+)(?: \((?P<status>[^)]*)\))?(?:: "(?P<name>.*)")?\s*$'
+)
 _PROCESS = re.compile(r"^Process (?P<pid>\d+):")
 
 
@@ -71,7 +73,9 @@ class DumpParser:
         def flush() -> None:
             if header is not None:
                 assert cur_pid is not None
-                by_pid.setdefault(cur_pid, []).append(ThreadStack(header[0], header[1], header[2], tuple(frames)))
+                by_pid.setdefault(cur_pid, []).append(
+                    ThreadStack(header[0], header[1], header[2], tuple(frames))
+                )
 
         for lineno, raw in enumerate(text.splitlines(), 1):
             if raw.startswith("    "):
@@ -115,7 +119,9 @@ class DumpParser:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise StackParseError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+            raise StackParseError(
+                f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
         if not isinstance(data, list):
             raise StackParseError(f"{source}: expected a JSON list of threads, got {type(data).__name__}")
         by_pid: dict[int, list[ThreadStack]] = {}

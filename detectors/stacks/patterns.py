@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     """What a process's main thread is doing."""
 
     COLLECTIVE = "collective"  # inside a collective: waits for every member of its group
@@ -92,7 +92,9 @@ ROLE_RULES: tuple[Rule, ...] = (
     Rule(Role.P2P, _q(_P2P_OPS), _DS_COMM),
     Rule(Role.COLLECTIVE, _q(_COLLECTIVE_OPS), _DS_COMM),
     # Pipeline engines that wait on P2P handles (Work.wait() is C++: no Python frame of its own).
-    Rule(Role.P2P, _q(r"_communicate|_communicate_shapes|_p2p_ops|_batched_p2p_ops"), r"p2p_communication\.py$"),
+    Rule(
+        Role.P2P, _q(r"_communicate|_communicate_shapes|_p2p_ops|_batched_p2p_ops"), r"p2p_communication\.py$"
+    ),
     Rule(Role.P2P, _q(_P2P_OPS + r"|wait|_send|_recv"), r"(?:^|/)deepspeed/runtime/pipe/p2p\.py$"),
     Rule(Role.P2P, _q(r"_exec_(?:send|recv)_(?:activations|grads)")),
     Rule(Role.P2P, _q(r"_batch_p2p|_sorted_batch_p2p|_wait_batch_p2p"), r"torch/distributed/pipelining/"),
@@ -155,7 +157,11 @@ KIND_RULES: tuple[Rule, ...] = (
         r"allreduce_bucket|average_tensor|reduce_ipg|_reduce_and_partition|reduce_scatter_grad|"
         r"foreach_reduce|foreach_all_gather|(?:^|[._])dp_|_dp(?:$|_)",
     ),
-    Rule("dp", r".", r"(?:^|/)(?:torch/distributed/fsdp|torch/nn/parallel/distributed\.py|deepspeed/runtime/zero)"),
+    Rule(
+        "dp",
+        r".",
+        r"(?:^|/)(?:torch/distributed/fsdp|torch/nn/parallel/distributed\.py|deepspeed/runtime/zero)",
+    ),
 )
 
 #: Which pipeline neighbour a P2P operation waits on: activations come from the previous stage

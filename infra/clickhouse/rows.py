@@ -43,9 +43,10 @@ def line_hash(line: str) -> int:
 
 
 def _gpu(e: GpuSampleBatch) -> list[Row]:
+    base = _base(e)  # once per batch: one datetime for its 8 GPU rows
     return [
         {
-            **_base(e),
+            **base,
             "node": e.node,
             "job": e.job,
             "gpu": g.index,
@@ -100,9 +101,10 @@ def _host(e: HostSample) -> list[Row]:
 
 
 def _nic(e: NicSampleBatch) -> list[Row]:
+    base = _base(e)
     return [
         {
-            **_base(e),
+            **base,
             "node": e.node,
             "job": e.job,
             "nic": n.name,

@@ -3,6 +3,7 @@ escalate as the row says, and benign lines match nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def test_example_matches_its_row(rule_id: str, idx: int, example: object) -> Non
     ],
     ids=["iso-host", "syslog", "rank", "dmesg-level", "upper", "spaces"],
 )
-def test_log_examples_survive_prefixes_and_case(wrap) -> None:  # type: ignore[no-untyped-def]
+def test_log_examples_survive_prefixes_and_case(wrap: Callable[[str], str]) -> None:
     misses = []
     for rule_id, _, ex in LOG_EXAMPLES:
         rule = TABLE.get(rule_id)
@@ -87,7 +88,9 @@ def test_log_examples_survive_prefixes_and_case(wrap) -> None:  # type: ignore[n
 def test_every_listed_xid_code_reaches_its_row(rule_id: str, code: int) -> None:
     line = f"[ 77.000001] NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python, synthetic message"
     m = TABLE.match_line(line)
-    assert m is not None and m.rule.id == rule_id and m.fields["xid"] == code and m.fields["pci"] == "0000:3b:00"
+    assert (
+        m is not None and m.rule.id == rule_id and m.fields["xid"] == code and m.fields["pci"] == "0000:3b:00"
+    )
 
 
 @pytest.mark.parametrize("rule", THRESHOLDED, ids=lambda r: r.id)
@@ -162,7 +165,12 @@ def test_benign_lines_match_nothing(line: str) -> None:
 def test_unknown_xid_is_still_classified() -> None:
     m = TABLE.match_line("NVRM: Xid (PCI:0000:3b:00): 231, pid=1, name=python, brand new code")
     assert m is not None
-    assert (m.rule.id, m.rule.category, m.rule.action, m.fields["xid"]) == ("xid-unknown", "xid", Action.DIAGNOSE, 231)
+    assert (m.rule.id, m.rule.category, m.rule.action, m.fields["xid"]) == (
+        "xid-unknown",
+        "xid",
+        Action.DIAGNOSE,
+        231,
+    )
 
 
 def test_xid_154_depends_on_the_recovery_action() -> None:
@@ -174,6 +182,7 @@ def test_xid_154_depends_on_the_recovery_action() -> None:
 
 def test_xid_parse_fields_and_formats() -> None:
     f = parse_xid("[ 1.0] NVRM: Xid (PCI:0000:3B:00): 79, pid=1234, name=python, GPU has fallen off the bus.")
+    assert f is not None
     assert f == {"xid": 79, "pci": "0000:3b:00", "pid": 1234, "process": "python", "message": f["message"]}
     assert "fallen off" in f["message"]
     assert parse_xid("Detected XID 79 on GPU 3")["xid"] == 79  # type: ignore[index]
@@ -198,7 +207,9 @@ def test_network_rows_tolerate_one_alert_in_five_minutes() -> None:
 
 def test_nvml_garbage_and_healthy_samples_match_nothing() -> None:
     assert match_nvml({"state": "ok", "temperature_c": 55.0, "throttle_reasons": ["sw_power_cap"]}) == []
-    assert match_nvml({"state": 3, "temperature_c": "hot", "throttle_reasons": 7, "remap_failure": "yes"}) == []
+    assert (
+        match_nvml({"state": 3, "temperature_c": "hot", "throttle_reasons": 7, "remap_failure": "yes"}) == []
+    )
     assert match_nvml("not a dict") == []  # type: ignore[arg-type]
     assert match_nvml({"temperature_c": float("nan"), "pcie_replay_count": 5}) == []
     assert match_nic_state({"interface": "ib0", "operstate": "up", "carrier": 1}) == []
@@ -246,13 +257,25 @@ def _write(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("rules:\n  - {id: a, category: c, severity: error, action: evict, patterns: [x], colour: red}", "unknown field"),
+        (
+            "rules:\n  - {id: a, category: c, severity: error, action: evict, patterns: [x], colour: red}",
+            "unknown field",
+        ),
         ("rules:\n  - {id: a, category: c, severity: error, action: none, patterns: [x]}", "not allowed"),
         ("rules:\n  - {id: a, category: c, severity: loud, action: evict, patterns: [x]}", "not one of"),
-        ("rules:\n  - {id: a, category: c, severity: error, action: evict, patterns: ['(']}", "does not compile"),
-        ("rules:\n  - {id: a, category: c, severity: error, action: evict, patterns: [x], count: 2}", "window_s"),
+        (
+            "rules:\n  - {id: a, category: c, severity: error, action: evict, patterns: ['(']}",
+            "does not compile",
+        ),
+        (
+            "rules:\n  - {id: a, category: c, severity: error, action: evict, patterns: [x], count: 2}",
+            "window_s",
+        ),
         ("rules:\n  - {id: a, category: c, severity: error, action: evict}", "needs patterns"),
-        ("rules:\n  - {id: a, category: c, severity: error, action: evict, source: nvml, when: {t: {approx: 1}}}", "operator"),
+        (
+            "rules:\n  - {id: a, category: c, severity: error, action: evict, source: nvml, when: {t: {approx: 1}}}",
+            "operator",
+        ),
         (
             "rules:\n  - {id: a, category: c, severity: error, action: evict, patterns: [x]}\n"
             "  - {id: a, category: c, severity: error, action: evict, patterns: [y]}",

@@ -36,7 +36,9 @@ def _table_row(n: int, c: Classification, width: int) -> str:
 )
 @click.option("--matched-only", is_flag=True, help="Text mode: show only lines some rule matched.")
 @click.option("--width", default=100, show_default=True, help="Text mode: truncate lines to this width.")
-def classify_log(file: IO[str], as_json: bool, rules_path: str | None, matched_only: bool, width: int) -> None:
+def classify_log(
+    file: IO[str], as_json: bool, rules_path: str | None, matched_only: bool, width: int
+) -> None:
     """Classify each line of FILE ('-' for stdin) with the fault rule table.
 
     JSON mode prints, per input line, exactly {"line", "category", "severity", "action",
