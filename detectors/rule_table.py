@@ -234,13 +234,13 @@ def parse_xid(line: str) -> dict[str, Any] | None:
 
 
 def required_literals(pattern: str) -> list[frozenset[str]]:
-    """Literal texts a match of ``pattern`` must contain: each clause is "any of these" (lowercase).
+    r"""Literal texts a match of ``pattern`` must contain: each clause is "any of these" (lowercase).
 
     Used as a cheap prefilter (substring tests) before running the regular expression; an
     unparseable pattern simply has no clauses (always searched).
 
-    >>> required_literals(r"NETDEV WATCHDOG:\s*(?P<i>\w+) .*transmit (?:queue|ring)")
-    [frozenset({'netdev watchdog:'}), frozenset({'transmit '}), frozenset({'queue', 'ring'})]
+    >>> [sorted(c) for c in required_literals(r"NETDEV WATCHDOG:\s*(?P<i>\w+) .*transmit (?:queue|ring)")]
+    [['netdev watchdog:'], ['transmit '], ['queue', 'ring']]
     """
     try:
         from re import _parser as sre  # type: ignore[attr-defined]
@@ -280,8 +280,12 @@ def _literal_clauses(items: list[Any], sre: Any) -> list[frozenset[str]]:
     return clauses
 
 
-def _passes(clauses: list[frozenset[str]], low: str) -> bool:
-    return all(any(lit in low for lit in clause) for clause in clauses)
+def _anchor(clauses: list[frozenset[str]]) -> tuple[str | None, frozenset[str] | None]:
+    """The most selective single required literal, else one any-of clause, for the prefilter."""
+    singles = [next(iter(c)) for c in clauses if len(c) == 1]
+    if singles:
+        return max(singles, key=len), None
+    return None, (min(clauses, key=len) if clauses else None)
 
 
 class RuleTable:
@@ -299,7 +303,10 @@ class RuleTable:
         # Substring prefilters: most lines match no rule, and a regex scan per pattern per line
         # dominates the cost; literal checks reject them first (ASCII lines only, where
         # lower() agrees exactly with re.IGNORECASE).
-        self._clauses = {r.id: [required_literals(p) if prefilter else [] for p in r.patterns] for r in self.rules}
+        self._anchors = {
+            r.id: [_anchor(required_literals(p)) if prefilter else (None, None) for p in r.patterns]
+            for r in self.rules
+        }
         self._xid_rows: dict[int, list[Rule]] = {}
         for r in self.rules:
             if r.source == "log":
@@ -307,6 +314,12 @@ class RuleTable:
                     self._xid_rows.setdefault(code, []).append(r)
         self._xid_fallback = next((r for r in self.rules if r.xid_fallback), None)
         self._line_rows = [r for r in self.rules if r.source == "log" and not r.xid and not r.xid_fallback]
+        # Flat (rule, regex, anchor, any-of) list in priority order: one loop per line.
+        self._line_plan = [
+            (r, rx, anchor, alts)
+            for r in self._line_rows
+            for rx, (anchor, alts) in zip(self._compiled[r.id], self._anchors[r.id], strict=True)
+        ]
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -321,9 +334,12 @@ class RuleTable:
         return [r for r in self.rules if r.source == source]
 
     def _search(self, rule: Rule, line: str, low: str | None = None) -> dict[str, Any] | None:
-        for rx, clauses in zip(self._compiled[rule.id], self._clauses[rule.id], strict=True):
-            if low is not None and not _passes(clauses, low):
-                continue
+        for rx, (anchor, alts) in zip(self._compiled[rule.id], self._anchors[rule.id], strict=True):
+            if low is not None:
+                if anchor is not None and anchor not in low:
+                    continue
+                if alts is not None and not any(a in low for a in alts):
+                    continue
             m = rx.search(line)
             if m:
                 return {k: _coerce(v) for k, v in m.groupdict().items() if v is not None}
@@ -340,12 +356,17 @@ class RuleTable:
                     return RuleMatch(r, {**xid, **found})
             if self._xid_fallback is not None:
                 return RuleMatch(self._xid_fallback, xid)
-        for r in self._line_rows:
+        for r, rx, anchor, alts in self._line_plan:
+            if low is not None:
+                if anchor is not None and anchor not in low:
+                    continue
+                if alts is not None and not any(a in low for a in alts):
+                    continue
             if r.context == "traceback" and not in_traceback:
                 continue
-            found = self._search(r, line, low)
-            if found is not None:
-                return RuleMatch(r, found)
+            m = rx.search(line)
+            if m:
+                return RuleMatch(r, {k: _coerce(v) for k, v in m.groupdict().items() if v is not None})
         return None
 
     def match_structured(self, source: str, fields: Mapping[str, Any]) -> list[RuleMatch]:

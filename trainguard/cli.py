@@ -14,6 +14,7 @@ from trainguard import __version__
 COMMAND_MODULES = (
     "trainguard.commands.stack",
     "trainguard.commands.smoke",
+    "trainguard.commands.classify",
 )
 
 

@@ -20,6 +20,7 @@ all-reduce, blocked send), so this module uses the parallel structure instead of
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from detectors.stacks.config import OverEvictionConfig
@@ -225,12 +226,22 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
         if not hinted:
             unhinted[r] = per_kind
         out[r] = [m for ms in per_kind.values() for m in ms]
+    size = Counter(cls)
+    prelim = {r: set(out[r]) for r in unhinted}
     for r, per_kind in unhinted.items():
         # A kind whose absent members wait on this very rank cannot be the collective's group:
-        # in a well-formed program they would be inside it, not blocked on it.  (Fig. 7: the
-        # last stage's all-gather is not DP, its DP peers wait on it; not PP, the previous stage's
-        # send waits on it; so it is TP, stuck in itself.)
-        kept = [ms for ms in per_kind.values() if not any(r in out[m] for m in ms)]
+        # in a well-formed program they would be inside it, not blocked on it.  An absent
+        # member counts when its own wait is certain (P2P, or a collective whose frames name
+        # its group), or when it is an unhinted collective of a bigger class (the crowd is in
+        # the group's collective; the odd one out is in another).  Fig. 7: the last stage's
+        # all-gather is not DP (its DP peers wait on it) nor PP (the previous stage's send waits
+        # on it), so it is TP, stuck in itself.
+        def waits_on_r(m: int, r: int = r) -> bool:
+            if m in prelim:
+                return r in prelim[m] and size[cls[m]] > size[cls[r]]
+            return r in out[m]
+
+        kept = [ms for ms in per_kind.values() if not any(waits_on_r(m) for m in ms)]
         if kept or not complete.get(r):
             out[r] = [m for ms in (kept or per_kind.values()) for m in ms]
         else:
@@ -248,6 +259,7 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
         for t in ts:
             rev[t].append(v)
     best: list[list[int]] = []
+    best_seen: set[int] = set()
     best_reach = 0
     for sink in sinks:
         seen: set[int] = set(sink)
@@ -259,10 +271,13 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
                     seen.add(w)
                     todo.append(w)
         if len(seen) > best_reach:
-            best, best_reach = [sink], len(seen)
+            best, best_seen, best_reach = [sink], seen, len(seen)
         elif len(seen) == best_reach:
+            # Equally waited-on sinks (e.g. every rank of a dead machine) are roots together.
             best.append(sink)
+            best_seen = best_seen | seen
     roots = tuple(sorted(v for s in best for v in s))
+    best_reach = len(best_seen)
     classes = _classes(cls, states)
     if not roots or best_reach <= len(roots):
         # Nobody waits on anybody: every rank is busy on its own (or alone).

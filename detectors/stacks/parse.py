@@ -33,6 +33,7 @@ class DumpParser:
 
     def __init__(self) -> None:
         self._text_frames: dict[str, Frame] = {}
+        self._blocks: dict[str, tuple[Frame, ...]] = {}
         self._json_frames: dict[tuple[str, str, int], Frame] = {}
 
     def parse(self, text: str, fmt: str, source: str = "", pid: int | None = None) -> list[ProcessDump]:
@@ -62,55 +63,65 @@ class DumpParser:
         return frame
 
     def parse_text(self, text: str, source: str = "", pid: int | None = None) -> list[ProcessDump]:
-        """Parse ``py-spy dump`` text output."""
+        """Parse ``py-spy dump`` text output.
+
+        The text is consumed token by token with one compiled regex (headers, blank lines, a
+        thread header with its indented frame block), so every byte is accounted for -- an
+        unknown line is an error -- while a frame block seen before is a dictionary hit.
+        """
         if "\x1b" in text:
             text = _ANSI.sub("", text)
         by_pid: dict[int, list[ThreadStack]] = {}
         cur_pid = pid
-        header: tuple[int | None, str, bool | None] | None = None
-        frames: list[Frame] = []
-
-        def flush() -> None:
-            if header is not None:
-                assert cur_pid is not None
-                by_pid.setdefault(cur_pid, []).append(
-                    ThreadStack(header[0], header[1], header[2], tuple(frames))
-                )
-
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            if raw.startswith("    "):
-                if raw.startswith("        "):
-                    continue  # "Arguments:"/"Locals:" blocks from --locals
-                if header is None:
-                    raise StackParseError(f"{source}:{lineno}: frame line before any 'Thread' header")
-                frames.append(self._text_frame(raw[4:].rstrip(), source, lineno))
-                continue
-            line = raw.strip()
-            if line.startswith("Thread "):
-                m = _THREAD.match(line)
-                if m is None:
-                    raise StackParseError(f"{source}:{lineno}: malformed thread header {line[:120]!r}")
+        pos, end = 0, len(text)
+        while pos < end:
+            m = _TOKEN.match(text, pos)
+            if m is None or m.end() == pos:
+                raise self._text_error(text, pos, source)
+            pos = m.end()
+            kind = m.lastgroup
+            if kind == "thread":
                 if cur_pid is None:
-                    raise StackParseError(f"{source}:{lineno}: no 'Process <pid>:' header and no pid given")
-                flush()
+                    raise self._text_error(
+                        text, m.start(), source, "no 'Process <pid>:' header and no pid given"
+                    )
                 tid_s, status = m.group("tid"), m.group("status")
                 tid = int(tid_s, 16) if tid_s.startswith("0x") else int(tid_s)
-                header = (tid, m.group("name") or "", None if status is None else "active" in status)
-                frames = []
-            elif line.startswith("Process "):
-                m = _PROCESS.match(line)
-                if m is None:
-                    raise StackParseError(f"{source}:{lineno}: malformed process header {line[:120]!r}")
-                flush()
-                header, frames, cur_pid = None, [], int(m.group("pid"))
-            elif not line or line.startswith(("Python v", "Parent Process ")) or set(line) == {"-"}:
-                continue
-            else:
-                raise StackParseError(f"{source}:{lineno}: unexpected line {line[:120]!r}")
-        flush()
+                frames = self._block(m.group("body"), text, m.start("body"), source)
+                active = None if status is None else "active" in status
+                by_pid.setdefault(cur_pid, []).append(ThreadStack(tid, m.group("name") or "", active, frames))
+            elif kind == "process":
+                cur_pid = int(m.group("pid"))
         if not by_pid:
             raise StackParseError(f"{source}: no thread stacks found (is this a py-spy dump?)")
         return [ProcessDump(p, tuple(ts), source) for p, ts in by_pid.items()]
+
+    def _block(self, body: str, text: str, offset: int, source: str) -> tuple[Frame, ...]:
+        frames = self._blocks.get(body)
+        if frames is None:
+            out = []
+            for i, raw in enumerate(body.splitlines()):
+                if raw.startswith("        "):
+                    continue  # "Arguments:"/"Locals:" blocks from --locals
+                lineno = text.count("\n", 0, offset) + 1 + i
+                out.append(self._text_frame(raw[4:].rstrip(), source, lineno))
+            frames = self._blocks[body] = tuple(out)
+        return frames
+
+    @staticmethod
+    def _text_error(text: str, pos: int, source: str, why: str = "") -> StackParseError:
+        lineno = text.count("\n", 0, pos) + 1
+        line = text[pos : text.find("\n", pos) if "\n" in text[pos:] else len(text)].strip()
+        if not why:
+            if line.startswith("Thread "):
+                why = f"malformed thread header {line[:120]!r}"
+            elif line.startswith("Process "):
+                why = f"malformed process header {line[:120]!r}"
+            elif text[pos : pos + 4] == "    ":
+                why = f"frame line before any 'Thread' header: {line[:120]!r}"
+            else:
+                why = f"unexpected line {line[:120]!r}"
+        return StackParseError(f"{source}:{lineno}: {why}")
 
     # -- json -----------------------------------------------------------------------------------
 

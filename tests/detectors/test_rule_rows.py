@@ -3,6 +3,7 @@ escalate as the row says, and benign lines match nothing."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from detectors.rule_table import (
     match_nic_state,
     match_nvml,
     parse_xid,
+    required_literals,
 )
 from schemas.enums import Action, Severity
 
@@ -309,3 +311,27 @@ def test_alternate_table_and_priorities(tmp_path: Path) -> None:
 def test_rule_decide_without_threshold() -> None:
     r = Rule(id="x", category="c", severity=Severity.ERROR, action=Action.RESTART, patterns=["x"])
     assert r.decide(1) == (Action.RESTART, Severity.ERROR, False)
+
+
+def test_literal_prefilter_never_changes_a_result() -> None:
+    """The substring prefilter is an optimisation only: same answers as plain regex search."""
+    plain = RuleTable(list(TABLE.rules), prefilter=False)
+    rng = random.Random(11)
+    lines = [ex for _, _, ex in LOG_EXAMPLES] + BENIGN
+    lines += [ex.upper() for _, _, ex in LOG_EXAMPLES] + [
+        f"[rank2]: {ex} \u00e9" for _, _, ex in LOG_EXAMPLES
+    ]
+    for _ in range(300):  # spliced fragments of real rows
+        a, b = rng.choice(lines), rng.choice(lines)
+        lines.append(a[: rng.randrange(len(a) + 1)] + b[rng.randrange(len(b) + 1) :])
+    for line in lines:
+        for tb in (False, True):
+            fast, slow = TABLE.match_line(line, in_traceback=tb), plain.match_line(line, in_traceback=tb)
+            assert (fast and (fast.rule.id, fast.fields)) == (slow and (slow.rule.id, slow.fields)), line
+
+
+def test_required_literals_of_branches_and_groups() -> None:
+    assert required_literals(r"abc(?:def|ghij)?x") == [frozenset({"abc"})]
+    assert required_literals(r"(?:foo|ba)r") == []  # "ba" is too short to be a literal clause
+    assert required_literals(r"(?:fooo|barr)\d+") == [frozenset({"fooo", "barr"})]
+    assert required_literals("(") == []

@@ -151,9 +151,11 @@ def test_garbage_json_raises_with_the_file_name(text: str, fragment: str) -> Non
 def test_arbitrary_text_never_escapes_as_another_error(text: str) -> None:
     for fmt in ("txt", "json"):
         try:
-            DumpParser().parse(text, fmt, "fuzz", pid=1)
-        except StackParseError:
-            pass
+            procs = DumpParser().parse(text, fmt, "fuzz", pid=1)
+        except StackParseError as exc:
+            assert str(exc).startswith("fuzz")  # every error names its source
+        else:
+            assert procs and all(p.threads for p in procs)
 
 
 _names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.<>]{0,20}", fullmatch=True)
@@ -169,10 +171,16 @@ def test_text_round_trip(frames: list[tuple[str, str, int]]) -> None:
 
 
 def test_normalize_filename_strips_install_prefixes() -> None:
-    assert normalize_filename("/opt/conda/lib/python3.10/site-packages/megatron/core/x.py") == "megatron/core/x.py"
+    assert (
+        normalize_filename("/opt/conda/lib/python3.10/site-packages/megatron/core/x.py")
+        == "megatron/core/x.py"
+    )
     assert normalize_filename("/usr/local/lib/python3.12/dist-packages/torch/a.py") == "torch/a.py"
     assert normalize_filename("/usr/lib/python3.11/multiprocessing/queues.py") == "multiprocessing/queues.py"
-    assert normalize_filename("/workspace/Megatron-LM/pretrain_gpt.py") == "/workspace/Megatron-LM/pretrain_gpt.py"
+    assert (
+        normalize_filename("/workspace/Megatron-LM/pretrain_gpt.py")
+        == "/workspace/Megatron-LM/pretrain_gpt.py"
+    )
 
 
 def test_load_dump_dir_single_round_and_both_formats() -> None:
