@@ -13,14 +13,15 @@ Production points ``kafka`` and ``clickhouse`` at real clusters (with TLS/SASL s
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from schemas.config import ConfigError, load_config, load_yaml_file
 from schemas.typecheck import rng
 
 _PORT = rng(1, 65535)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,11 @@ class StackConfig:
         return Path(self.cache_dir).expanduser().resolve()
 
 
+#: YAML sections owned by one component each (worker, exporter, action service); each component
+#: validates its own section with its own config dataclass (:func:`component_config`).
+COMPONENT_SECTIONS = ("worker", "exporter", "actions", "detectors")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a TrainGuard process needs to reach the stack."""
@@ -121,6 +127,20 @@ class Settings:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     clickhouse: ClickHouseConfig = field(default_factory=ClickHouseConfig)
     stack: StackConfig = field(default_factory=StackConfig)
+    #: raw component sections of the YAML file, validated by :func:`component_config`.
+    components: dict[str, Any] = field(default_factory=dict)
+    #: the environment the settings were loaded from (component env overrides come from it).
+    environ: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+
+def component_config(settings: Settings, section: str, cls: type[T]) -> T:
+    """Build one component's config dataclass from its YAML section + ``TRAINGUARD__<SECTION>__*``."""
+    if section not in COMPONENT_SECTIONS:
+        raise ConfigError(f"unknown component section {section!r}")
+    data = settings.components.get(section) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{section}: expected a mapping")
+    return load_config(cls, data, env_prefix=f"TRAINGUARD__{section.upper()}", environ=settings.environ)
 
 
 def load_settings(
@@ -136,14 +156,19 @@ def load_settings(
         if not isinstance(data["stack"], dict):
             raise ConfigError("stack: expected a mapping")
         data["stack"].setdefault("home", home)
-    settings = load_config(Settings, data, env_prefix="TRAINGUARD", environ=env)
+    components = {k: data.pop(k) for k in COMPONENT_SECTIONS if k in data}
+    core_env = {
+        k: v
+        for k, v in env.items()
+        if not any(k.upper().startswith(f"TRAINGUARD__{c.upper()}__") for c in COMPONENT_SECTIONS)
+    }
+    settings = load_config(Settings, data, env_prefix="TRAINGUARD", environ=core_env)
+    settings = replace(settings, components=components, environ=env)
     return _derive_embedded_endpoints(settings, data, env)
 
 
 def _derive_embedded_endpoints(settings: Settings, data: dict[str, Any], env: dict[str, str]) -> Settings:
     """With the embedded stack on custom ports, point clients at them unless set explicitly."""
-    from dataclasses import replace
-
     if not settings.stack.embedded:
         return settings
     kafka, ch = settings.kafka, settings.clickhouse

@@ -15,6 +15,7 @@ from typing import Any
 
 from schemas.base import Event, register
 from schemas.enums import Action, Severity
+from schemas.topology import JobTopology
 from schemas.typecheck import rng
 
 _NAME = rng(max_len=256)
@@ -148,3 +149,21 @@ class DeadLetter(Event):
     #: the offending bytes: UTF-8 text when decodable, else base64 with ``payload_b64`` set.
     payload: str = field(default="", metadata=rng(max_len=1_048_576))
     payload_b64: bool = False
+
+
+@register
+@dataclass(frozen=True)
+class JobSpec(Event):
+    """A training job's declaration: topology, machines and standbys (launcher -> workers).
+
+    Published when a job starts and whenever its machines change (eviction, standby swap); the
+    latest spec per job is the truth (``ts_ms`` orders them).
+    """
+
+    TYPE = "job_spec"
+    job: str = field(metadata=_NAME)
+    ts_ms: int = field(metadata=_MS)
+    topology: JobTopology
+    standbys: list[str] = field(default_factory=list)
+    #: stall threshold etc. overrides for this job (detector config keys -> values).
+    overrides: dict[str, Any] = field(default_factory=dict)

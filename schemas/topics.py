@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.base import Event
-from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection
+from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
 from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
 from schemas.workload import LogLine, ProcessExit, StackDump, TrainingStep
 
@@ -55,7 +55,8 @@ NIC = _t("telemetry.nic", NicSampleBatch, "node", 8, "Ethernet/InfiniBand interf
 LOGS = _t("telemetry.logs", LogLine, "node", 8, "kernel log and training stdout/stderr lines")
 HEARTBEATS = _t("telemetry.heartbeats", Heartbeat, "node", 4, "liveness of exporters/workers/services")
 STEPS = _t("training.steps", TrainingStep, "job", 8, "per-rank step telemetry")
-EXITS = _t("training.exits", ProcessExit, "job", 4, "training process exits")
+# As many partitions as the steps topic: a job's exits and steps meet on the same worker.
+EXITS = _t("training.exits", ProcessExit, "job", 8, "training process exits")
 STACKS = _t(
     "training.stacks", StackDump, "job", 4, "py-spy dumps per capture", max_message_bytes=8 * 1_048_576
 )
@@ -71,6 +72,14 @@ DECISIONS = _t(
 ACTIONS = _t("control.actions", ActionEvent, "job", 4, "action service step events", retention_ms=30 * DAY_MS)
 COMMANDS = _t("control.commands", Command, "node", 4, "control plane -> node exporters")
 CONTROL = _t("control.workers", Command, "job", 1, "runtime threshold changes for workers")
+JOBS = _t(
+    "control.jobs",
+    JobSpec,
+    "job",
+    4,
+    "job topology and machines (latest per job wins)",
+    retention_ms=365 * DAY_MS,
+)
 DEAD_LETTERS = _t(
     "deadletter", DeadLetter, "topic", 1, "inputs that could not be processed", retention_ms=30 * DAY_MS
 )
@@ -89,6 +98,7 @@ TOPICS: tuple[Topic, ...] = (
     ACTIONS,
     COMMANDS,
     CONTROL,
+    JOBS,
     DEAD_LETTERS,
 )
 BY_NAME: dict[str, Topic] = {t.name: t for t in TOPICS}

@@ -50,6 +50,8 @@ class Scenario:
     # Per-step forward compute of every rank: multi-round captures need ranks that spend real
     # time computing, or every sample would catch them waiting at the same spot.
     compute_s: float = 0.0
+    # slow_rank: how many times longer the straggler's compute takes.
+    slow_factor: float = 5.0
     # What the analysis should say; the group kind is ByteRobust's unit: the root's pipeline.
     expected_verdict: str = "hang"
     expected_kind: str | None = "pp"
@@ -213,7 +215,7 @@ def capture(sc: Scenario, out_root: Path, interval_s: float, stuck_s: float, fau
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(JOB), "--tp", str(sc.tp), "--pp", str(sc.pp), "--dp", str(sc.dp)]
     cmd += ["--fault", sc.fault, "--fault-rank", str(sc.fault_rank), "--fault-step", str(fault_step)]
-    cmd += ["--workdir", str(work), "--compute-s", str(sc.compute_s)]
+    cmd += ["--workdir", str(work), "--compute-s", str(sc.compute_s), "--slow-factor", str(sc.slow_factor)]
     cmd += ["--checkpoint"] if sc.checkpoint else []
     procs: dict[int, subprocess.Popen[bytes]] = {}
     try:
@@ -252,6 +254,7 @@ def capture(sc: Scenario, out_root: Path, interval_s: float, stuck_s: float, fau
         "faulty_rank": sc.fault_rank if sc.fault != "none" else None,
         "fault_step": fault_step,
         "compute_s": sc.compute_s,
+        "slow_factor": sc.slow_factor if sc.fault == "slow_rank" else None,
         "rounds": sc.rounds,
         "interval_s": interval_s if sc.rounds > 1 else None,
         "production_interval_s": PRODUCTION_INTERVAL_S,

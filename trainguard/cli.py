@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "trainguard.commands.stack",
     "trainguard.commands.smoke",
     "trainguard.commands.classify",
+    "trainguard.commands.worker",
 )
 
 

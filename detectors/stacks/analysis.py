@@ -15,7 +15,8 @@ all-reduce, blocked send), so this module uses the parallel structure instead of
    one.  The sink components of this wait-for graph are the candidate roots: one busy rank, a
    stuck collective's group, or a P2P deadlock cycle (e.g. a skipped send).
 4. The root is the sink that the most ranks reach.  It counts only when a large enough share of
-   the job reaches it and it is small enough to localise something (config thresholds).
+   the job reaches it, it is small enough to localise something (config thresholds), and --
+   when it is busy rather than stuck -- it lies in one DP replica.
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
             # Every member of its group is in this same collective: it is stuck in itself.
             out[r] = [m for k in kinds_done for m in lay.members(k, lay.gid(k, r)) if m != r]
 
-    sinks = _tarjan_sinks(out)
+    sinks = _merge_busy_tp(_tarjan_sinks(out), states, lay)
     if not cfg.missing_ranks_are_suspects:
         sinks = [sk for sk in sinks if any(states[v].main is not None for v in sk)]
     rev: list[list[int]] = [[] for _ in range(n)]
@@ -283,7 +284,31 @@ def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionC
         # Nobody waits on anybody: every rank is busy on its own (or alone).
         return RoundAnalysis((), 0, n, "none", classes, False)
     confident = best_reach >= cfg.min_reach_fraction * n and len(roots) <= cfg.max_root_fraction * n
+    if confident and lay.size["dp"] > 1 and any(states[r].role not in WAITING_ROLES for r in roots):
+        # Busy roots in different DP replicas are ordinary overlap (a pipeline stage computing in
+        # every replica at once), not one fault: a faulty rank holds up its own replica while
+        # the other replicas finish and wait for it in the DP collective.
+        confident = len({lay.coord("dp", r) for r in roots}) == 1
     return RoundAnalysis(roots, best_reach, n, _cause(roots, states), classes, confident)
+
+
+def _merge_busy_tp(sinks: list[list[int]], states: list[RankState], lay: _Layout) -> list[list[int]]:
+    """Busy (or missing) single ranks of one TP group form one sink.
+
+    Tensor-parallel ranks run the same layer in lockstep: while one of them is slow its peers
+    are busy in the same layer too, and which of them the job seems to wait on is a matter of
+    sampling instants.  Counting them as one unit keeps the reach of a slow TP group whole.
+    """
+    if lay.size["tp"] == 1:
+        return sinks
+    merged: dict[int, list[int]] = {}
+    out = []
+    for sink in sinks:
+        if len(sink) == 1 and states[sink[0]].role not in WAITING_ROLES:
+            merged.setdefault(lay.gid("tp", sink[0]), []).extend(sink)
+        else:
+            out.append(sink)
+    return out + list(merged.values())
 
 
 def _cause(roots: tuple[int, ...], states: list[RankState]) -> str:

@@ -20,7 +20,7 @@ from detectors.stacks.parse import DumpParser, StackParseError
 _ROUND = re.compile(r"^round(\d+)$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankDumps:
     """One rank's dumps in one round: the main process (``None`` if absent) and its children."""
 

@@ -18,10 +18,15 @@ from typing import Any
 from detectors.stacks.model import Frame, ProcessDump, ThreadStack, normalize_filename
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # a dump captured from a terminal keeps py-spy's colours
-_THREAD = re.compile(
-    r'^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+)(?: \((?P<status>[^)]*)\))?(?:: "(?P<name>.*)")?\s*$'
+_EOL = r"(?:\r?\n|\Z)"
+# One token of a text dump: a thread header plus its indented frame lines, a process header,
+# or a line carrying nothing we need (interpreter version, parent process, separators, blanks).
+_TOKEN = re.compile(
+    r"(?P<thread>Thread (?P<tid>0x[0-9A-Fa-f]+|\d+)(?: \((?P<status>[^)\n]*)\))?"
+    rf'(?:: "(?P<name>[^\n]*)")?[ \t]*{_EOL}(?P<body>(?:    [^\n]*{_EOL})*))'
+    rf"|(?P<process>Process (?P<pid>\d+):[^\n]*{_EOL})"
+    rf"|(?P<skip>(?:Python v[^\n]*|Parent Process [^\n]*|-+|[ \t]*){_EOL})"
 )
-_PROCESS = re.compile(r"^Process (?P<pid>\d+):")
 
 
 class StackParseError(ValueError):
@@ -35,6 +40,7 @@ class DumpParser:
         self._text_frames: dict[str, Frame] = {}
         self._blocks: dict[str, tuple[Frame, ...]] = {}
         self._json_frames: dict[tuple[str, str, int], Frame] = {}
+        self._json_stacks: dict[tuple[int, ...], tuple[Frame, ...]] = {}
 
     def parse(self, text: str, fmt: str, source: str = "", pid: int | None = None) -> list[ProcessDump]:
         """Parse ``text`` as ``fmt`` (``"txt"`` or ``"json"``); ``pid`` fills in a missing header."""
@@ -137,35 +143,51 @@ class DumpParser:
             raise StackParseError(f"{source}: expected a JSON list of threads, got {type(data).__name__}")
         by_pid: dict[int, list[ThreadStack]] = {}
         for i, th in enumerate(data):
-            where = f"{source}: [{i}]"
             if not isinstance(th, dict):
-                raise StackParseError(f"{where}: expected a thread object, got {type(th).__name__}")
-            tpid = _opt(th, "pid", int, where, pid)
+                raise StackParseError(f"{source}: [{i}]: expected a thread object, got {type(th).__name__}")
+            tpid = _opt(th, "pid", int, source, i, pid)
             if tpid is None:
-                raise StackParseError(f"{where}.pid: missing and no pid given")
+                raise StackParseError(f"{source}: [{i}].pid: missing and no pid given")
             raw_frames = th.get("frames")
             if not isinstance(raw_frames, list):
-                raise StackParseError(f"{where}.frames: expected a list")
-            frames = tuple(self._json_frame(f, f"{where}.frames[{j}]") for j, f in enumerate(raw_frames))
-            tid = _opt(th, "os_thread_id", int, where, None)
+                raise StackParseError(f"{source}: [{i}].frames: expected a list")
+            frames = self._json_stack(raw_frames, source, i)
+            tid = _opt(th, "os_thread_id", int, source, i, None)
             if tid is None:
-                tid = _opt(th, "thread_id", int, where, None)
-            name = _opt(th, "thread_name", str, where, "") or ""
-            active = _opt(th, "active", bool, where, None)
+                tid = _opt(th, "thread_id", int, source, i, None)
+            name = _opt(th, "thread_name", str, source, i, "") or ""
+            active = _opt(th, "active", bool, source, i, None)
             by_pid.setdefault(tpid, []).append(ThreadStack(tid, name, active, frames))
         if not by_pid:
             raise StackParseError(f"{source}: no thread stacks found (empty JSON list)")
         return [ProcessDump(p, tuple(ts), source) for p, ts in by_pid.items()]
 
-    def _json_frame(self, f: Any, where: str) -> Frame:
+    def _json_stack(self, raw_frames: list[Any], source: str, i: int) -> tuple[Frame, ...]:
+        cache = self._json_frames
+        frames = []
+        for j, f in enumerate(raw_frames):
+            try:
+                # Fast path: these exact values were validated when first seen.
+                frame = cache[(f["name"], f.get("short_filename") or f["filename"], f.get("line", 0))]
+            except (KeyError, TypeError, AttributeError):
+                frame = self._json_frame(f, f"{source}: [{i}]", j)
+            frames.append(frame)
+        # Frames are shared objects, so their ids identify the stack: one tuple per distinct stack.
+        key = tuple(map(id, frames))
+        stack = self._json_stacks.get(key)
+        if stack is None:
+            stack = self._json_stacks[key] = tuple(frames)
+        return stack
+
+    def _json_frame(self, f: Any, where: str, j: int) -> Frame:
         if not isinstance(f, dict):
-            raise StackParseError(f"{where}: expected a frame object, got {type(f).__name__}")
+            raise StackParseError(f"{where}.frames[{j}]: expected a frame object, got {type(f).__name__}")
         name, filename = f.get("name"), f.get("short_filename") or f.get("filename")
         line = f.get("line", 0)
         if not isinstance(name, str) or not isinstance(filename, str):
-            raise StackParseError(f"{where}: frame needs string 'name' and 'filename'")
+            raise StackParseError(f"{where}.frames[{j}]: frame needs string 'name' and 'filename'")
         if isinstance(line, bool) or not isinstance(line, int):
-            raise StackParseError(f"{where}.line: expected an integer, got {line!r:.40}")
+            raise StackParseError(f"{where}.frames[{j}].line: expected an integer, got {line!r:.40}")
         key = (name, filename, line)
         frame = self._json_frames.get(key)
         if frame is None:
@@ -173,10 +195,10 @@ class DumpParser:
         return frame
 
 
-def _opt(obj: dict[str, Any], key: str, tp: type, where: str, default: Any) -> Any:
+def _opt(obj: dict[str, Any], key: str, tp: type, source: str, i: int, default: Any) -> Any:
     value = obj.get(key)
     if value is None:
         return default
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise StackParseError(f"{where}.{key}: expected {tp.__name__}, got {value!r:.40}")
+    if type(value) is not tp:  # exact: a bool is not an int here
+        raise StackParseError(f"{source}: [{i}].{key}: expected {tp.__name__}, got {value!r:.40}")
     return value

@@ -52,6 +52,9 @@ class StackReader:
         self._cache: dict[tuple[Frame, ...], StackInfo] = {}
         self._child_cache: dict[tuple[Frame, ...], tuple[ProcessRole, bool]] = {}
         self._frame_roles: dict[Frame, str | None] = {}
+        # Parsers hand out one shared tuple per distinct stack, so most lookups hit by identity
+        # and skip hashing every frame.  The entry keeps the tuple alive: its id stays unique.
+        self._by_id: dict[int, tuple[tuple[Frame, ...], StackInfo, tuple[ProcessRole, bool] | None]] = {}
 
     def _role_of(self, frame: Frame) -> str | None:
         try:
@@ -61,9 +64,13 @@ class StackReader:
             return role
 
     def read(self, frames: tuple[Frame, ...]) -> StackInfo:
+        hit = self._by_id.get(id(frames))
+        if hit is not None and hit[0] is frames:
+            return hit[1]
         info = self._cache.get(frames)
         if info is None:
             info = self._cache[frames] = self._read(frames)
+        self._by_id[id(frames)] = (frames, info, None)
         return info
 
     def _read(self, frames: tuple[Frame, ...]) -> StackInfo:
@@ -92,10 +99,15 @@ class StackReader:
 
     def read_child(self, pid: int, frames: tuple[Frame, ...]) -> ChildInfo:
         """Which helper a child process is, and whether it is busy (not parked waiting for work)."""
+        hit = self._by_id.get(id(frames))
+        if hit is not None and hit[0] is frames and hit[2] is not None:
+            return ChildInfo(pid, hit[2][0], hit[2][1], hit[1])
         cached = self._child_cache.get(frames)
         if cached is None:
             cached = self._child_cache[frames] = self._read_child(frames)
-        return ChildInfo(pid, cached[0], cached[1], self.read(frames))
+        info = self.read(frames)
+        self._by_id[id(frames)] = (frames, info, cached)
+        return ChildInfo(pid, cached[0], cached[1], info)
 
     def _read_child(self, frames: tuple[Frame, ...]) -> tuple[ProcessRole, bool]:
         roles = {self._role_of(f) for f in frames}

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas.base import Event
-from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection
+from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
 from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
 from schemas.typecheck import to_plain
 from schemas.workload import LogLine, ProcessExit, StackDump, TrainingStep
@@ -298,6 +298,24 @@ def _dead(e: DeadLetter) -> list[Row]:
     ]
 
 
+def _job(e: JobSpec) -> list[Row]:
+    t = e.topology
+    return [
+        {
+            **_base(e),
+            "job": e.job,
+            "tp": t.tp,
+            "pp": t.pp,
+            "dp": t.dp,
+            "ranks_per_machine": t.ranks_per_machine,
+            "rank_order": t.order,
+            "machines": list(t.machines),
+            "standbys": list(e.standbys),
+            "spec_json": _json(e),
+        }
+    ]
+
+
 #: event class -> (table, flattener)
 TABLES: dict[type[Event], tuple[str, Callable[[Any], list[Row]]]] = {
     GpuSampleBatch: ("gpu_samples", _gpu),
@@ -313,6 +331,7 @@ TABLES: dict[type[Event], tuple[str, Callable[[Any], list[Row]]]] = {
     ActionEvent: ("action_events", _action),
     Command: ("commands", _command),
     DeadLetter: ("dead_letters", _dead),
+    JobSpec: ("job_specs", _job),
 }
 
 #: tables holding raw telemetry, pruned by day (``trainguard store prune``).

@@ -16,6 +16,7 @@ from detectors.stacks import (
     OverEvictionConfig,
     PatternTable,
     Round,
+    analyze_round,
     collect_round,
     load_dump_dir,
 )
@@ -281,6 +282,7 @@ def _slow_round(slow: int | None, also_busy: tuple[int, ...] = ()) -> Round:
 
 
 def _healthy_round(busy: tuple[int, ...]) -> Round:
+    """Busy ranks computing while their pipeline neighbours wait for them."""
     return _round(FS_TOPO, lambda r: COMPUTE if r in busy else RECV_FWD if FS_TOPO.coords(r).pp else RECV_BWD)
 
 
@@ -309,9 +311,9 @@ def test_fail_slow_needs_enough_rounds() -> None:
     two = [
         _slow_round(6),
         _slow_round(6),
-        _healthy_round((0, 1)),
-        _healthy_round((2, 3)),
-        _healthy_round((4, 5)),
+        _healthy_round((0, 2)),  # busy ranks in different DP replicas: ordinary overlap
+        _healthy_round((1, 3)),
+        _healthy_round((4, 6)),
     ]
     assert OverEvictionClassifier(FS_TOPO).analyze(two).verdict == Verdict.HEALTHY
     low = OverEvictionClassifier(FS_TOPO, OverEvictionConfig(min_vote_fraction=0.4)).analyze(two)
@@ -433,3 +435,22 @@ def test_cli_errors_are_clean(tmp_path: Path) -> None:
         "analyze", str(tmp_path / "absent"), "--tp", "1", "--pp", "1", "--dp", "1", "--ranks-per-machine", "1"
     )
     assert code == 2  # click's usage error for a missing directory
+
+
+def test_round_roots_busy_overlap_and_tp_lockstep() -> None:
+    topo = JobTopology(job="j", tp=2, pp=2, dp=2, ranks_per_machine=2)
+    clf = OverEvictionClassifier(topo)
+    # Stage 0 computing in both DP replicas while stage 1 waits: a pipeline bubble, no root.
+    bubble = clf.states(_round(topo, lambda r: COMPUTE if topo.coords(r).pp == 0 else RECV_FWD))
+    ra = analyze_round(bubble, topo, clf.config)
+    assert ra.roots == (0, 1, 2, 3) and ra.reach == 8 and not ra.confident
+
+    # Both TP peers of one replica busy, everyone else waiting on them: one root, the TP group.
+    def stack(r: int) -> Stack:
+        c = topo.coords(r)
+        if c.dp == 1 and c.pp == 1:
+            return COMPUTE
+        return DP_SYNC if c.dp == 0 else RECV_BWD
+
+    ra = analyze_round(clf.states(_round(topo, stack)), topo, clf.config)
+    assert ra.roots == (6, 7) and ra.confident and ra.cause == "busy"

@@ -11,6 +11,7 @@ from schemas.control import (
     DeadLetter,
     Decision,
     Detection,
+    JobSpec,
     Targets,
 )
 from schemas.enums import Action, ProcessRole, Severity
@@ -25,6 +26,7 @@ from schemas.telemetry import (
     NicSampleBatch,
     SourceHealth,
 )
+from schemas.topology import JobTopology
 from schemas.workload import Frame, LogLine, ProcessExit, ProcessInfo, StackDump, ThreadStack, TrainingStep
 
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
@@ -173,5 +175,11 @@ def one_of_each(job: str, ts_ms: int) -> list[Event]:
         ),
         DeadLetter(
             ts_ms=ts_ms, topic="trainguard.telemetry.logs", reason="not JSON", key=job, payload="{oops"
+        ),
+        JobSpec(
+            job=job,
+            ts_ms=ts_ms,
+            topology=JobTopology(job=job, tp=2, pp=2, dp=1, ranks_per_machine=4, machines=[node]),
+            standbys=[f"{job}-standby0"],
         ),
     ]

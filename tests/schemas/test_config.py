@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from infra.config import Settings, load_settings
+from infra.config import Settings, component_config, load_settings
 from schemas.config import ConfigError
 
 
@@ -66,4 +67,22 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_settings_is_one_model() -> None:
-    assert set(Settings.__dataclass_fields__) == {"kafka", "clickhouse", "stack"}
+    assert set(Settings.__dataclass_fields__) == {"kafka", "clickhouse", "stack", "components", "environ"}
+
+
+@dataclass(frozen=True)
+class _Worker:
+    batch_size: int = 10
+    app_id: str = "tg"
+
+
+def test_component_sections_are_validated_by_their_component(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("kafka:\n  client_id: x\nworker:\n  batch_size: 5\n")
+    s = load_settings(f, environ={"TRAINGUARD__WORKER__APP_ID": "other"})
+    assert component_config(s, "worker", _Worker) == _Worker(batch_size=5, app_id="other")
+    f.write_text("worker:\n  batch_sise: 5\n")
+    with pytest.raises(ConfigError, match="unknown field"):
+        component_config(load_settings(f, environ={}), "worker", _Worker)
+    with pytest.raises(ConfigError, match="unknown setting 'nope'"):
+        component_config(load_settings(environ={"TRAINGUARD__WORKER__NOPE": "1"}), "worker", _Worker)

@@ -89,4 +89,6 @@ CREATE TABLE IF NOT EXISTS dead_letters
 )
 ENGINE = ReplacingMergeTree()
 PARTITION BY toYYYYMM(ts)
-ORDER BY (topic, partition, offset, ts_ms);
+-- A Kafka record is dead-lettered once per stage however often it is redelivered; records
+-- without an offset (-1: not from Kafka) are told apart by time.
+ORDER BY (topic, partition, offset, stage, if(offset < 0, ts_ms, 0));

@@ -1,0 +1,125 @@
+"""Detections -> decisions: what to do about a job, with a deterministic id, de-duplicated.
+
+The mapping follows ByteRobust's automated fault-tolerance flow (§4, Fig. 5):
+
+* ``evict``     -- machine-specific explicit faults (the detection's node), or the parallel group
+                   chosen by the over-eviction analysis (``evidence["evict"]``);
+* ``rollback``  -- user-code errors: roll back the latest code change, in place;
+* ``restart``   -- transient faults: restart in place;
+* ``diagnose``  -- a crash or NaN without a culprit: suspend and run stop-time diagnostics;
+* ``aggregate`` -- hang / fail-slow suspicion: capture every rank's stacks and analyse them.
+
+``ignore``/``none`` detections are recorded but decide nothing.  The same fault reported again
+within ``dedup_window_s`` (every rank seeing the same NCCL error, a NIC that stays down) yields
+no new decision.  The id hashes (job, action, targets, the dedup bucket of the *event time*), so
+reprocessing the same detections after a restart reproduces the same ids and the action service,
+idempotent by id, acts once.
+
+>>> from schemas.control import Detection
+>>> from schemas.enums import Action
+>>> p = DecisionPolicy()
+>>> d = Detection(detection_id="a", ts_ms=5, job="j", kind="xid-79", category="gpu_unavailable",
+...               action=Action.EVICT, node="n3", source_ts_ms=1_000)
+>>> dec = p.decide(d, now_ms=6)
+>>> dec.action.value, dec.targets.machines, dec.targets.group_kind
+('evict', ['n3'], 'machine')
+>>> p.decide(d, now_ms=7) is None  # the same fault again: de-duplicated
+True
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.control import Decision, Detection, Targets, decision_id
+from schemas.enums import Action
+from schemas.topology import JobTopology
+from schemas.typecheck import rng
+
+#: actions that never become decisions.
+_RECORD_ONLY = (Action.NONE, Action.IGNORE)
+
+
+@dataclass(frozen=True)
+class DecideConfig:
+    """Settings of :class:`DecisionPolicy`."""
+
+    #: repeats of the same (job, action, targets) within this window decide nothing new.
+    dedup_window_s: float = field(default=300.0, metadata=rng(0, 86_400))
+    #: memory bound on remembered decisions (oldest forgotten first).
+    max_remembered: int = field(default=100_000, metadata=rng(1, 10_000_000))
+
+
+class DecisionPolicy:
+    """Stateful (for de-duplication) mapping of detections to decisions."""
+
+    def __init__(self, config: DecideConfig | None = None) -> None:
+        self.config = config or DecideConfig()
+        self._last: OrderedDict[tuple[Any, ...], int] = OrderedDict()
+        self.suppressed = 0
+
+    def targets(self, d: Detection, topology: JobTopology | None = None) -> Targets:
+        evict = d.evidence.get("evict") if isinstance(d.evidence, dict) else None
+        if isinstance(evict, dict) and evict.get("ranks"):
+            ranks = sorted(int(r) for r in evict["ranks"])
+            machines = [str(m) for m in evict.get("machine_names") or []]
+            if not machines and topology is not None:
+                machines = [topology.machine_name(m) for m in topology.machines_of(ranks)]
+            return Targets(
+                machines=sorted(machines), ranks=ranks, group_kind=str(evict.get("kind") or "group")
+            )
+        if d.action is Action.EVICT:
+            if d.node:
+                return Targets(machines=[d.node], ranks=sorted(d.ranks), group_kind="machine")
+            if d.ranks and topology is not None:
+                machines = [topology.machine_name(m) for m in topology.machines_of(d.ranks)]
+                return Targets(machines=machines, ranks=sorted(d.ranks), group_kind="machine")
+        return Targets(machines=[d.node] if d.node else [], ranks=sorted(d.ranks), group_kind="job")
+
+    def decide(self, d: Detection, now_ms: int, topology: JobTopology | None = None) -> Decision | None:
+        if d.action in _RECORD_ONLY:
+            return None
+        targets = self.targets(d, topology)
+        if d.action is Action.EVICT and not targets.machines:
+            return None  # nothing to evict: the detection stays on record for operators
+        # Evictions are per target; other actions act on the whole job, so one per job suffices.
+        key_targets = (tuple(targets.machines), tuple(targets.ranks)) if d.action is Action.EVICT else ()
+        key = (d.job, d.action.value, key_targets)
+        window_ms = int(self.config.dedup_window_s * 1000)
+        event_ms = d.source_ts_ms or d.ts_ms
+        last = self._last.get(key)
+        if last is not None and 0 <= event_ms - last < window_ms:
+            self.suppressed += 1
+            return None
+        self._last[key] = event_ms
+        self._last.move_to_end(key)
+        while len(self._last) > self.config.max_remembered:
+            self._last.popitem(last=False)
+        bucket = event_ms - event_ms % window_ms if window_ms else event_ms
+        return Decision(
+            decision_id=decision_id(d.job, d.action, targets, bucket),
+            ts_ms=now_ms,
+            job=d.job,
+            action=d.action,
+            targets=targets,
+            reason=d.message or f"{d.category} ({d.kind})",
+            detection_ids=[d.detection_id],
+            evidence={
+                "detection": {
+                    "kind": d.kind,
+                    "category": d.category,
+                    "severity": d.severity.value,
+                    "node": d.node,
+                    "ranks": list(d.ranks),
+                    "source_ts_ms": d.source_ts_ms,
+                },
+                **({"analysis": d.evidence} if d.kind == "over_eviction" else {}),
+            },
+        )
+
+    def set_window(self, dedup_window_s: float) -> None:
+        from dataclasses import replace
+
+        self.config = replace(self.config, dedup_window_s=dedup_window_s)

@@ -1,0 +1,120 @@
+"""Per-job training-signal monitoring: NaN/spikes, stalls (hang suspicion), stragglers, MFU decline.
+
+A :class:`JobMonitor` is fed the job's step telemetry and process exits as they arrive and is
+asked periodically (:meth:`JobMonitor.check`) for time-based findings, with an explicit ``now``
+so tests and replays control the clock.  A stall is detected from step progress while the rank
+processes are alive -- long before an NCCL/gloo timeout would fire.
+
+>>> from schemas.workload import TrainingStep
+>>> m = JobMonitor("j", MonitorConfig(stall=StallConfig(stall_s=30)))
+>>> for r in range(2):
+...     _ = m.on_step(TrainingStep(job="j", rank=r, step=1, ts_ms=1000), now_ms=1000)
+>>> [d.kind for d in m.on_step(TrainingStep(job="j", rank=0, step=2, ts_ms=2000, loss=float("nan")), 2000)]
+['nan']
+>>> [(d.kind, d.action.value) for d in m.check(now_ms=40_000)]
+[('hang', 'aggregate')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from detectors.detections import detection_from_finding
+from detectors.findings import Finding
+from detectors.log_classifier import classify_exit
+from detectors.training import (
+    MfuConfig,
+    MfuDeclineDetector,
+    SpikeConfig,
+    SpikeDetector,
+    StallConfig,
+    StepStallDetector,
+    StragglerConfig,
+    StragglerDetector,
+)
+from schemas.control import Detection
+from schemas.enums import ProcessRole
+from schemas.workload import ProcessExit, TrainingStep
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """Thresholds of every training-signal detector of a job."""
+
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    stall: StallConfig = field(default_factory=StallConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    mfu: MfuConfig = field(default_factory=MfuConfig)
+
+
+class JobMonitor:
+    """All training-signal detectors of one job, fed from its events."""
+
+    def __init__(self, job: str, config: MonitorConfig | None = None) -> None:
+        self.job = job
+        self.config = config or MonitorConfig()
+        self.spike = SpikeDetector(self.config.spike, job=job)
+        self.stall = StepStallDetector(self.config.stall, job=job)
+        self.straggler = StragglerDetector(self.config.straggler, job=job)
+        self.mfu = MfuDeclineDetector(self.config.mfu, job=job)
+        self.node_of: dict[int, str] = {}
+        self.alive: dict[int, bool] = {}
+        #: the step at which the last hang was reported: one report per stall, not one per check.
+        self._hang_reported_at_step: int | None = None
+        self._last_step_ts_ms = 0
+
+    def on_step(self, e: TrainingStep, now_ms: int) -> list[Detection]:
+        self.node_of[e.rank] = e.node or self.node_of.get(e.rank, "")
+        self.alive[e.rank] = True
+        ts = e.ts_ms / 1000
+        self.stall.update(e.rank, e.step, ts)
+        self._last_step_ts_ms = max(self._last_step_ts_ms, e.ts_ms)
+        if e.step_time_s is not None:
+            self.straggler.observe(e.rank, e.step_time_s, ts)
+        findings: list[Finding] = []
+        values = {k: v for k, v in (("loss", e.loss), ("grad_norm", e.grad_norm)) if v is not None}
+        for f in self.spike.observe(ts, values, step=e.step):
+            findings.append(_with(f, ranks=(e.rank,), node=e.node))
+        if e.mfu is not None and e.rank == 0 and (f2 := self.mfu.observe(ts, e.mfu)) is not None:
+            findings.append(f2)
+        return [self._det(f, e.ts_ms, now_ms, ("step", e.rank, e.step)) for f in findings]
+
+    def on_exit(self, e: ProcessExit, now_ms: int) -> list[Detection]:
+        if e.role is ProcessRole.MAIN and e.rank >= 0:
+            self.alive[e.rank] = False
+        c = classify_exit(e.exit_code, e.signal, e.traceback or None)
+        finding = c.to_finding(job=self.job, node=e.node)
+        if finding is None:
+            return []
+        if e.rank >= 0:
+            finding = _with(finding, ranks=(e.rank,), node=e.node)
+        return [self._det(finding, e.ts_ms, now_ms, ("exit", e.node, e.pid))]
+
+    def check(self, now_ms: int) -> list[Detection]:
+        """Time-based findings: a stall (reported once per stalled step) and stragglers."""
+        now = now_ms / 1000
+        out = []
+        hang = self.stall.check(now, alive=self.alive or None)
+        if hang is not None:
+            max_step = int(hang.evidence["max_step"])
+            if self._hang_reported_at_step != max_step:
+                self._hang_reported_at_step = max_step
+                # Keyed by the stalled step: re-checking the same stall yields the same id.
+                out.append(self._det(hang, self._last_step_ts_ms, now_ms, ("hang", max_step)))
+        slow = self.straggler.check(now)
+        if slow is not None:
+            bucket = now_ms // 60_000 * 60_000  # at most one straggler detection a minute
+            out.append(self._det(slow, bucket, now_ms, ("straggler", bucket)))
+        return out
+
+    def _det(self, f: Finding, source_ts_ms: int, now_ms: int, key: object) -> Detection:
+        node = f.node or (self.node_of.get(f.ranks[0], "") if len(f.ranks) == 1 else "")
+        return detection_from_finding(
+            f, job=self.job, node=node, source_ts_ms=source_ts_ms, now_ms=now_ms, source_key=key
+        )
+
+
+def _with(f: Finding, *, ranks: tuple[int, ...], node: str) -> Finding:
+    from dataclasses import replace
+
+    return replace(f, ranks=ranks, node=node or f.node)

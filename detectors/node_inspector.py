@@ -1,0 +1,175 @@
+"""Real-time inspection of machine telemetry: GPU, NIC and host samples and kernel-log lines.
+
+ByteRobust §4.1 step ①: high-confidence, machine-specific events (GPU lost, uncorrectable ECC,
+Xid 79) recommend eviction of that machine; network alerts are tolerated until they repeat (the
+rule table's count/window); everything else is recorded with its recommendation.  One
+:class:`NodeInspector` per worker holds the rule classifier (with its windows) and the previous
+counter values needed for growth rules (PCIe replays, ECC, carrier changes).
+
+>>> from schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
+>>> ins = NodeInspector()
+>>> batch = GpuSampleBatch(node="n7", ts_ms=1000, job="j", gpus=[GpuSample(index=3, state=GpuState.LOST)])
+>>> [(d.kind, d.action.value, d.node) for d in ins.inspect(batch, now_ms=1001)]
+[('nvml-gpu-lost', 'evict', 'n7')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from detectors.detections import detection_from_finding
+from detectors.findings import Finding
+from detectors.log_classifier import Classification, ClassifierConfig, LogClassifier
+from detectors.rule_table import RuleTable
+from schemas.base import Event
+from schemas.control import Detection
+from schemas.enums import Action, Severity
+from schemas.telemetry import GpuSampleBatch, HostSample, NicSampleBatch
+from schemas.typecheck import rng
+from schemas.workload import LogLine
+
+
+@dataclass(frozen=True)
+class HostThresholds:
+    """Host inspection thresholds (ByteRobust: CPU overload, disk full are explicit failures)."""
+
+    cpu_overload_pct: float = field(default=98.0, metadata=rng(1, 100))
+    disk_full_pct: float = field(default=97.0, metadata=rng(1, 100))
+    mem_available_min_pct: float = field(default=2.0, metadata=rng(0, 100))
+
+
+class NodeInspector:
+    """Machine telemetry -> detections, through the rule table."""
+
+    def __init__(
+        self,
+        table: RuleTable | None = None,
+        config: ClassifierConfig | None = None,
+        host: HostThresholds | None = None,
+    ) -> None:
+        self.classifier = LogClassifier(table, config)
+        self.host = host or HostThresholds()
+        # (node, gpu) -> last counters; (node, nic) -> last carrier_changes.
+        self._gpu_prev: dict[tuple[str, int], dict[str, int | None]] = {}
+        self._nic_prev: dict[tuple[str, str], int | None] = {}
+
+    def inspect(self, event: Event, now_ms: int) -> list[Detection]:
+        if isinstance(event, GpuSampleBatch):
+            return self._gpu(event, now_ms)
+        if isinstance(event, NicSampleBatch):
+            return self._nic(event, now_ms)
+        if isinstance(event, HostSample):
+            return self._host(event, now_ms)
+        if isinstance(event, LogLine):
+            return self._log(event, now_ms)
+        return []
+
+    def _emit(
+        self,
+        c: Classification,
+        e: GpuSampleBatch | NicSampleBatch | HostSample | LogLine,
+        now_ms: int,
+        key: object,
+    ) -> list[Detection]:
+        if c.action is Action.NONE:
+            return []
+        finding = c.to_finding(job=e.job or None, node=e.node)
+        if finding is None:
+            return []
+        return [
+            detection_from_finding(
+                finding, job=e.job, node=e.node, source_ts_ms=e.ts_ms, now_ms=now_ms, source_key=key
+            )
+        ]
+
+    def _gpu(self, e: GpuSampleBatch, now_ms: int) -> list[Detection]:
+        out = []
+        for g in e.gpus:
+            prev = self._gpu_prev.get((e.node, g.index), {})
+            sample = {
+                "gpu": g.index,
+                "state": g.state.value,
+                "ecc_volatile_uncorrected": g.ecc_volatile_uncorrected,
+                "ecc_volatile_uncorrected_prev": prev.get("ecc"),
+                "remap_failure": g.remap_failure,
+                "remap_pending": g.remap_pending,
+                "temperature_c": g.temperature_c,
+                "throttle_reasons": list(g.throttle_reasons),
+                "pcie_replay_count": g.pcie_replay_count,
+                "pcie_replay_count_prev": prev.get("pcie"),
+            }
+            # First sight of a GPU: take its counters as the baseline (a counter accumulated over
+            # weeks of uptime is not news), except uncorrectable ECC which is never benign.
+            if not prev:
+                sample.pop("pcie_replay_count_prev")
+            sample = {k: v for k, v in sample.items() if v is not None}
+            self._gpu_prev[(e.node, g.index)] = {
+                "ecc": g.ecc_volatile_uncorrected,
+                "pcie": g.pcie_replay_count,
+            }
+            for c in self.classifier.classify_nvml(sample, ts=e.ts_ms / 1000, host=e.node):
+                out += self._emit(c, e, now_ms, ("gpu", g.index))
+        return out
+
+    def _nic(self, e: NicSampleBatch, now_ms: int) -> list[Detection]:
+        out = []
+        for n in e.nics:
+            prev = self._nic_prev.get((e.node, n.name))
+            self._nic_prev[(e.node, n.name)] = n.carrier_changes
+            sample = {
+                "interface": n.name,
+                "operstate": n.operstate,
+                "carrier": None if n.carrier is None else int(n.carrier),
+                "carrier_changes": n.carrier_changes,
+                "carrier_changes_prev": prev,
+            }
+            if n.kind == "ib":
+                sample["port_state"] = n.operstate
+            sample = {k: v for k, v in sample.items() if v is not None}
+            for c in self.classifier.classify_nic(sample, ts=e.ts_ms / 1000, host=e.node):
+                out += self._emit(c, e, now_ms, ("nic", n.name))
+        return out
+
+    def _host(self, e: HostSample, now_ms: int) -> list[Detection]:
+        findings: list[tuple[str, Severity, Action, dict[str, Any]]] = []
+        if e.cpu_util_pct >= self.host.cpu_overload_pct:
+            findings.append(
+                ("cpu_overload", Severity.WARNING, Action.DIAGNOSE, {"cpu_util_pct": e.cpu_util_pct})
+            )
+        for d in e.disks:
+            if d.total_bytes and 100.0 * d.used_bytes / d.total_bytes >= self.host.disk_full_pct:
+                pct = round(100.0 * d.used_bytes / d.total_bytes, 1)
+                findings.append(
+                    ("disk_full", Severity.ERROR, Action.DIAGNOSE, {"mount": d.mount, "used_pct": pct})
+                )
+        if (
+            e.mem_total_bytes
+            and 100.0 * e.mem_available_bytes / e.mem_total_bytes < self.host.mem_available_min_pct
+        ):
+            findings.append(
+                (
+                    "cpu_oom_risk",
+                    Severity.WARNING,
+                    Action.IGNORE,
+                    {"mem_available_bytes": e.mem_available_bytes},
+                )
+            )
+        return [
+            detection_from_finding(
+                Finding(kind=f"host-{cat}", category=cat, severity=sev, action=act, node=e.node, evidence=ev),
+                job=e.job,
+                node=e.node,
+                source_ts_ms=e.ts_ms,
+                now_ms=now_ms,
+                source_key=cat,
+            )
+            for cat, sev, act, ev in findings
+        ]
+
+    def _log(self, e: LogLine, now_ms: int) -> list[Detection]:
+        # Each (node, source) is its own stream for traceback tracking.
+        c = self.classifier.feed(e.line, ts=e.ts_ms / 1000, host=f"{e.node}/{e.source}")
+        if c.matched and e.rank >= 0 and "rank" not in c.fields:
+            c = Classification(**{**c.__dict__, "fields": {**c.fields, "rank": e.rank}})
+        return self._emit(c, e, now_ms, ("log", e.source, e.seq))

@@ -1,0 +1,90 @@
+"""Runtime configuration of detectors through the control topic (no restart).
+
+A ``set_threshold`` command carries ``{"path": "monitor.stall.stall_s", "value": 30}``; the
+new worker config is validated as a whole (unknown paths and out-of-range values are rejected
+and logged) and pushed to the live detectors.  Every worker must apply every change, so this is
+not a group-consumed agent: each worker reads the whole control topic itself, from the start, so
+a worker started later folds in all earlier changes too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from schemas.codec import DecodeError, decode
+from schemas.config import ConfigError, load_config
+from schemas.control import Command, CommandKind
+from schemas.topics import CONTROL
+from schemas.typecheck import to_plain
+from streams.config import WorkerConfig
+from streams.context import WorkerContext
+from streams.kafka_compat import aiokafka_kwargs
+
+log = logging.getLogger(__name__)
+
+
+def apply_change(cfg: WorkerConfig, path: str, value: Any) -> WorkerConfig:
+    """``cfg`` with ``path`` (dotted) set to ``value``, fully re-validated."""
+    data = to_plain(cfg)
+    node = data
+    parts = path.split(".")
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            raise ConfigError(f"unknown setting {path!r}")
+        node = node[p]
+    if parts[-1] not in node:
+        raise ConfigError(f"unknown setting {path!r}")
+    node[parts[-1]] = value
+    return load_config(WorkerConfig, data)
+
+
+def register(ctx: WorkerContext, on_change: Callable[[WorkerConfig], None]) -> None:
+    async def follow_control_topic() -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        consumer = AIOKafkaConsumer(
+            **aiokafka_kwargs(ctx.settings.kafka), group_id=None, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            parts = [TopicPartition(CONTROL.name, p) for p in range(CONTROL.partitions)]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            while True:
+                batches = await consumer.getmany(timeout_ms=1000)
+                for records in batches.values():
+                    for rec in records:
+                        handle(rec.value)
+        finally:
+            await consumer.stop()
+
+    def handle(raw: bytes | None) -> None:
+        try:
+            cmd = decode(raw, expect=Command)
+        except DecodeError as exc:
+            log.error("ignoring invalid control record: %s", exc)
+            return
+        if not isinstance(cmd, Command) or cmd.kind is not CommandKind.SET_THRESHOLD:
+            return
+        try:
+            new = apply_change(ctx.cfg, str(cmd.args.get("path", "")), cmd.args.get("value"))
+        except ConfigError as exc:
+            log.error("rejected control command %s: %s", cmd.command_id, exc)
+            return
+        ctx.cfg = new
+        on_change(new)
+        log.info("applied %s = %r (command %s)", cmd.args.get("path"), cmd.args.get("value"), cmd.command_id)
+
+    @ctx.app.task
+    async def control() -> None:
+        while True:
+            try:
+                await follow_control_topic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker away: retry; thresholds keep their last values
+                log.warning("control topic reader failed (%s); retrying", exc)
+                await asyncio.sleep(2.0)

@@ -1,0 +1,32 @@
+"""Inspection agent: GPU, NIC, host samples and log lines -> detections (rule table, windows).
+
+Node telemetry is keyed by node, so one node's samples always reach the same worker and the
+rule windows ("2 NIC alerts in 5 minutes", repeated Xid 13/31/43) see every occurrence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detectors.node_inspector import NodeInspector
+from schemas.base import Event, now_ms
+from schemas.topics import GPU, HOST, LOGS, NIC
+from streams.context import WorkerContext
+
+NAME = "inspection"
+
+
+def register(ctx: WorkerContext) -> NodeInspector:
+    inspector = NodeInspector(host=ctx.cfg.host)
+
+    async def body(ev: Event) -> None:
+        for det in inspector.inspect(ev, now_ms()):
+            await ctx.emit(det)
+            ctx.metrics.detections.labels(NAME).inc()
+
+    @ctx.app.agent(ctx.faust_topics(GPU, NIC, HOST, LOGS), name=NAME)
+    async def inspection(stream: Any) -> None:
+        async for event in stream.events():
+            await ctx.guard(event, NAME, body)
+
+    return inspector

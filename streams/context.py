@@ -1,0 +1,126 @@
+"""What every agent of a worker shares: settings, Faust topics, metrics, decode/emit helpers.
+
+Agents stay thin by calling these: :meth:`WorkerContext.decode` turns a Faust event into a
+schema event or dead-letters it (with topic, partition, offset, key and the reason),
+:meth:`WorkerContext.emit` publishes an event to its registry topic with the registry key, and
+:meth:`WorkerContext.guard` wraps one event's processing so an exception dead-letters that event
+instead of killing the agent.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.config import Settings
+from schemas.base import Event, now_ms
+from schemas.codec import DecodeError, decode, encode
+from schemas.control import DeadLetter
+from schemas.topics import BY_NAME, DEAD_LETTERS, TOPICS, Topic, topic_for
+from streams.config import WorkerConfig
+from streams.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    cfg: WorkerConfig
+    app: Any
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+    #: registry topic name -> Faust topic (raw bytes in and out: our codec does the decoding).
+    topics: dict[str, Any] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    #: (topic, partition) -> last processed offset, for the lag gauge.
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def faust_topic(self, t: Topic) -> Any:
+        if t.name not in self.topics:
+            self.topics[t.name] = self.app.topic(
+                t.name,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=t.partitions,
+                internal=False,
+            )
+        return self.topics[t.name]
+
+    def faust_topics(self, *ts: Topic) -> Any:
+        """One Faust topic object subscribed to several registry topics."""
+        return self.app.topic(
+            *(t.name for t in ts),
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+    def all_topics(self) -> tuple[Topic, ...]:
+        return TOPICS
+
+    def track(self, message: Any) -> None:
+        self.positions[(message.topic, message.partition)] = message.offset
+
+    async def decode(self, event: Any, agent: str) -> Event | None:
+        """The schema event carried by a Faust event, or None if it is garbage.
+
+        Garbage is dead-lettered once: by the sink, which reads every topic; the other agents
+        only skip it (they dead-letter it themselves when the sink is disabled).
+        """
+        msg = event.message
+        self.track(msg)
+        topic = BY_NAME.get(msg.topic)
+        try:
+            return decode(event.value, expect=topic.event if topic else None)
+        except DecodeError as exc:
+            if agent == "sink" or not self.cfg.sink_enabled:
+                await self.dead_letter(msg, str(exc), agent, "decode")
+            return None
+
+    async def dead_letter(self, msg: Any, reason: str, agent: str, stage: str) -> None:
+        if msg.topic == DEAD_LETTERS.name:
+            log.error("garbage on the dead-letter topic itself at offset %s: %s", msg.offset, reason)
+            return
+        raw: bytes = msg.value or b""
+        try:
+            payload, b64 = raw.decode("utf-8"), False
+        except UnicodeDecodeError:
+            payload, b64 = base64.b64encode(raw).decode(), True
+        key = msg.key.decode("utf-8", "replace") if isinstance(msg.key, bytes) else str(msg.key or "")
+        dl = DeadLetter(
+            ts_ms=now_ms(),
+            topic=msg.topic,
+            reason=f"[{agent}] {reason}"[:60_000],
+            stage=stage,
+            partition=msg.partition,
+            offset=msg.offset,
+            key=key[:4000],
+            payload=payload[:1_000_000],
+            payload_b64=b64,
+        )
+        self.metrics.dead_letters.labels(agent).inc()
+        await self.emit(dl)
+
+    async def emit(self, ev: Event, topic: Topic | None = None) -> None:
+        t = topic or topic_for(ev)
+        await self.faust_topic(t).send(key=t.key_of(ev), value=encode(ev))
+
+    async def guard(self, event: Any, agent: str, body: Callable[[Event], Awaitable[None]]) -> None:
+        """Decode one event and run ``body`` on it; any exception dead-letters the event."""
+        ev = await self.decode(event, agent)
+        if ev is None:
+            self.metrics.processed(agent)
+            return
+        try:
+            await body(ev)
+        except Exception as exc:  # one poisoned event must never stop the agent
+            log.exception("agent %s failed on %s@%s", agent, event.message.topic, event.message.offset)
+            await self.dead_letter(event.message, f"{type(exc).__name__}: {exc}", agent, "process")
+        self.metrics.processed(agent)

@@ -1,0 +1,196 @@
+"""The node exporter's one config dataclass (``ExporterConfig``), one nested section per source.
+
+Loaded like every TrainGuard component: defaults, then a YAML mapping, then environment variables
+``TRAINGUARD_EXPORTER__<SECTION>__<KEY>`` (e.g. ``TRAINGUARD_EXPORTER__NIC__INTERVAL_S=15``);
+unknown keys are errors.  Section names are the source names of the registry, so the config key
+for a source is always ``<name>.enabled`` / ``<name>.interval_s`` (node_exporter's
+``--collector.<name>``).  Default intervals are the paper's (§4.1, Table 3): GPU 10 s, NIC 30 s,
+host 10 s, heartbeat 5 s.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.config import load_config
+from schemas.typecheck import rng
+
+ENV_PREFIX = "TRAINGUARD_EXPORTER"
+_INTERVAL = rng(0.01, 86_400)
+
+
+@dataclass(frozen=True)
+class NvmlConfig:
+    enabled: bool = True
+    interval_s: float = field(default=10.0, metadata=_INTERVAL)
+    #: GPUs this node should have; missing ones are reported ``unavailable`` (0 = trust NVML).
+    expect_gpus: int = field(default=0, metadata=rng(0, 1024))
+    #: drain NVML's Xid event queue every round (needs a driver that exposes the event API).
+    xid_events: bool = True
+
+
+@dataclass(frozen=True)
+class KernelLogConfig:
+    enabled: bool = True
+    interval_s: float = field(default=1.0, metadata=_INTERVAL)
+    #: ``/dev/kmsg`` or a file (dmesg/syslog style); None = ``<root>/dev/kmsg``.
+    path: str | None = None
+    #: publish every line, not only NVRM/Xid, OOM, I/O, filesystem and panic/BUG lines.
+    all_lines: bool = False
+    #: where to start without a saved position: "beginning" (boot ring buffer included) or "end".
+    start_at: str = "beginning"
+    #: most lines published per round (the rest follow next round; nothing is skipped).
+    max_lines_per_round: int = field(default=5000, metadata=rng(1, 10_000_000))
+
+    def __post_init__(self) -> None:
+        if self.start_at not in ("beginning", "end"):
+            raise ValueError("start_at must be 'beginning' or 'end'")
+
+
+@dataclass(frozen=True)
+class NicConfig:
+    enabled: bool = True
+    interval_s: float = field(default=30.0, metadata=_INTERVAL)
+    #: interfaces to skip (regular expression on the name).
+    exclude: str = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
+    infiniband: bool = True
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    enabled: bool = True
+    interval_s: float = field(default=10.0, metadata=_INTERVAL)
+    #: filesystem types whose mounts are not disks (pseudo and network file systems).
+    skip_fs_types: list[str] = field(
+        default_factory=lambda: [
+            "proc",
+            "sysfs",
+            "devtmpfs",
+            "devpts",
+            "tmpfs",
+            "cgroup",
+            "cgroup2",
+            "securityfs",
+            "pstore",
+            "debugfs",
+            "tracefs",
+            "mqueue",
+            "hugetlbfs",
+            "fusectl",
+            "configfs",
+            "bpf",
+            "autofs",
+            "binfmt_misc",
+            "nsfs",
+            "overlay",
+            "squashfs",
+            "rpc_pipefs",
+        ]  # fmt: skip
+    )
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    enabled: bool = True
+    interval_s: float = field(default=2.0, metadata=_INTERVAL)
+    #: training processes by pid ...
+    pids: list[int] = field(default_factory=list)
+    #: ... or by cgroup (v2 path relative to <root>/sys/fs/cgroup, e.g. "kubepods/pod1/abc") ...
+    cgroup: str = ""
+    #: ... or by a regular expression on the command line.
+    cmd_pattern: str = ""
+    #: a child whose command line or name matches is a checkpoint writer.
+    checkpoint_pattern: str = r"(?i)checkpoint|ckpt"
+    #: environment variable holding the rank (read from /proc/PID/environ).
+    rank_env: str = "RANK"
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig:
+    enabled: bool = True
+    interval_s: float = field(default=5.0, metadata=_INTERVAL)
+
+
+@dataclass(frozen=True)
+class ReporterConfig:
+    """The Unix datagram socket training reporters send step telemetry and exits to."""
+
+    enabled: bool = True
+    interval_s: float = field(default=0.5, metadata=_INTERVAL)
+    socket: str = "/run/trainguard/reporter.sock"
+    #: most datagrams taken per round (bounds one round's work).
+    max_per_round: int = field(default=100_000, metadata=rng(1, 10_000_000))
+
+
+@dataclass(frozen=True)
+class StacksConfig:
+    """On-demand py-spy capture (the paper's On-Demand Tracer)."""
+
+    py_spy: str = "py-spy"
+    timeout_s: float = field(default=20.0, metadata=rng(0.5, 600))
+    #: C/C++ frames too (gloo/NCCL waits); slower.
+    native: bool = False
+    #: py-spy processes run at once (a node has ranks x (1 + workers) processes).
+    parallel: int = field(default=8, metadata=rng(1, 256))
+    max_rounds: int = field(default=100, metadata=rng(1, 10_000))
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    spool_max_bytes: int = field(default=256 * 1024 * 1024, metadata=rng(4096, 2**50))
+    spool_segment_bytes: int = field(default=1024 * 1024, metadata=rng(1024, 2**40))
+    linger_ms: int = field(default=50, metadata=rng(0, 60_000))
+    #: a record not acknowledged within this time is re-sent from the spool.
+    delivery_timeout_ms: int = field(default=30_000, metadata=rng(1000, 3_600_000))
+
+
+@dataclass(frozen=True)
+class CommandsConfig:
+    enabled: bool = True
+    #: older commands are ignored (a restarted exporter must not replay yesterday's capture).
+    max_age_s: float = field(default=300.0, metadata=rng(1, 86_400 * 30))
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    """Everything one node exporter needs; see the module docstring for sources of values."""
+
+    node: str = ""
+    job: str = ""
+    #: prefix of every system path read (``<root>/proc``, ``<root>/sys/class/net``), like --path.procfs.
+    root: str = "/"
+    #: kernel-log position, spool and other state survive restarts here.
+    state_dir: str = "/var/lib/trainguard/exporter"
+    nvml: NvmlConfig = field(default_factory=NvmlConfig)
+    kernel_log: KernelLogConfig = field(default_factory=KernelLogConfig)
+    nic: NicConfig = field(default_factory=NicConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    process: ProcessConfig = field(default_factory=ProcessConfig)
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    reporter: ReporterConfig = field(default_factory=ReporterConfig)
+    stacks: StacksConfig = field(default_factory=StacksConfig)
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    commands: CommandsConfig = field(default_factory=CommandsConfig)
+
+    @property
+    def node_name(self) -> str:
+        return self.node or socket.gethostname()
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root)
+
+    def sys_path(self, absolute: str) -> Path:
+        """``absolute`` (e.g. ``/proc/stat``) under the configured root."""
+        return self.root_path / absolute.lstrip("/")
+
+
+def load_exporter_config(
+    data: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> ExporterConfig:
+    """Defaults <- ``data`` <- ``TRAINGUARD_EXPORTER__*`` variables; unknown keys raise ConfigError."""
+    return load_config(ExporterConfig, data, env_prefix=ENV_PREFIX, environ=environ)

@@ -1,0 +1,281 @@
+"""``process`` source: the job's training processes on this node, their process trees, and their
+exits.
+
+Training processes are selected by config (pids, a cgroup, or a command-line pattern); their
+trees take in every descendant, so dataloader workers (torch names them ``pt_data_worker``) and
+checkpoint writers are found too -- the paper's process-tree step of stack aggregation (§5).
+When a tracked process ends, a :class:`~schemas.workload.ProcessExit` is published: with the
+exit code or signal when the process was seen as a zombie (``/proc/PID/stat`` field 52 holds its
+wait status), otherwise with the reason alone (a non-parent cannot wait() for it; the reporter
+inside the process reports its own exit reason).  The same discovery serves stack capture.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.base import Event, now_ms
+from schemas.enums import ProcessRole
+from schemas.workload import ProcessExit, ProcessInfo
+from streams.exporter.config import ProcessConfig
+from streams.exporter.sources.base import SourceContext, read_text, register
+
+log = logging.getLogger(__name__)
+
+#: torch.utils.data worker processes set their name to this (torch/utils/data/_utils/worker.py).
+DATALOADER_COMM = "pt_data_worker"
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    starttime: int
+    #: the wait status of a zombie (Linux >= 3.5 exposes it), else None.
+    exit_status: int | None = None
+
+
+def parse_stat(text: str) -> ProcStat:
+    """``/proc/PID/stat``; the name may hold spaces and parentheses, so split at the last ``)``.
+
+    >>> s = parse_stat("4242 (python (x)) Z 4200 4242 4200 0 -1 4194560 " + "0 " * 41 + "256")
+    >>> (s.pid, s.comm, s.state, s.ppid, s.exit_status)
+    (4242, 'python (x)', 'Z', 4200, 256)
+    """
+    head, _, rest = text.rpartition(")")
+    pid_text, _, comm = head.partition(" (")
+    fields = rest.split()
+    if len(fields) < 20:
+        raise ValueError(f"truncated stat line: {text[:80]!r}")
+    exit_status = int(fields[49]) if len(fields) > 49 and fields[0] == "Z" else None
+    return ProcStat(
+        pid=int(pid_text), comm=comm, state=fields[0], ppid=int(fields[1]), starttime=int(fields[19]),
+        exit_status=exit_status,
+    )  # fmt: skip
+
+
+def decode_wait_status(status: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) of a wait status.
+
+    >>> decode_wait_status(256), decode_wait_status(9), decode_wait_status(0x8b)
+    ((1, None), (None, 9), (None, 11))
+    """
+    if status & 0x7F == 0:
+        return (status >> 8) & 0xFF, None
+    return None, status & 0x7F
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """``/proc/PID/environ`` (NUL-separated ``K=V``).
+
+    >>> parse_environ(b"RANK=3\\x00WORLD_SIZE=8\\x00junk\\x00")
+    {'RANK': '3', 'WORLD_SIZE': '8'}
+    """
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
+@dataclass(frozen=True)
+class TrackedProcess:
+    """One process of a training process tree, with its role and rank (-1 if unknown)."""
+
+    pid: int
+    ppid: int
+    starttime: int
+    comm: str
+    state: str
+    cmdline: str
+    role: ProcessRole
+    rank: int
+    exit_status: int | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        # (pid, start time): a recycled pid is another process.
+        return (self.pid, self.starttime)
+
+    def info(self) -> ProcessInfo:
+        return ProcessInfo(
+            pid=self.pid, ppid=self.ppid, role=self.role, cmdline=self.cmdline[:8192], state=self.state
+        )
+
+
+def _read_bytes(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def scan_stats(proc: Path) -> dict[int, ProcStat]:
+    """Every readable ``/proc/PID/stat``; vanished or garbled processes are skipped."""
+    out: dict[int, ProcStat] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            out[int(name)] = parse_stat(read_text(proc / name / "stat"))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def cmdline_of(proc: Path, pid: int) -> str:
+    try:
+        return (
+            _read_bytes(proc / str(pid) / "cmdline").replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        )
+    except OSError:
+        return ""
+
+
+def rank_of(proc: Path, pid: int, env_name: str) -> int | None:
+    try:
+        value = parse_environ(_read_bytes(proc / str(pid) / "environ")).get(env_name)
+    except OSError:  # not ours to read, or gone
+        return None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def select_pids(cfg: ProcessConfig, proc: Path, cgroup_root: Path, stats: dict[int, ProcStat]) -> set[int]:
+    """The pids the config names: explicit pids, a cgroup's members, command-line matches."""
+    chosen = {p for p in cfg.pids if p in stats}
+    if cfg.cgroup:
+        try:
+            text = read_text(cgroup_root / cfg.cgroup.strip("/") / "cgroup.procs")
+            chosen |= {int(p) for p in text.split() if p.isdigit() and int(p) in stats}
+        except OSError as exc:
+            log.warning("cgroup %s: %s", cfg.cgroup, exc)
+    if cfg.cmd_pattern:
+        pattern = re.compile(cfg.cmd_pattern)
+        me = os.getpid()
+        for pid in stats:
+            if pid != me and pattern.search(cmdline_of(proc, pid)):
+                chosen.add(pid)
+    return chosen
+
+
+def build_tree(
+    cfg: ProcessConfig, proc: Path, stats: dict[int, ProcStat], selected: set[int]
+) -> list[TrackedProcess]:
+    """Selected roots (no selected ancestor) and all their descendants, with roles and ranks."""
+    children: dict[int, list[int]] = {}
+    for st in stats.values():
+        children.setdefault(st.ppid, []).append(st.pid)
+
+    def has_selected_ancestor(pid: int) -> bool:
+        seen, cur = set(), stats[pid].ppid
+        while cur in stats and cur not in seen:
+            if cur in selected:
+                return True
+            seen.add(cur)
+            cur = stats[cur].ppid
+        return False
+
+    ckpt = re.compile(cfg.checkpoint_pattern) if cfg.checkpoint_pattern else None
+    out: list[TrackedProcess] = []
+    ranks: dict[int, int | None] = {}
+    stack = [(pid, None) for pid in sorted(selected) if not has_selected_ancestor(pid)]
+    while stack:
+        pid, parent_rank = stack.pop(0)
+        st = stats[pid]
+        cmdline = cmdline_of(proc, pid)
+        own = rank_of(proc, pid, cfg.rank_env)
+        rank = own if own is not None else parent_rank
+        ranks[pid] = rank
+        if st.comm == DATALOADER_COMM:
+            role = ProcessRole.DATALOADER
+        elif ckpt is not None and parent_rank is not None and (ckpt.search(st.comm) or ckpt.search(cmdline)):
+            role = ProcessRole.CHECKPOINT
+        elif own is not None and own != parent_rank:
+            role = ProcessRole.MAIN
+        else:
+            role = ProcessRole.OTHER
+        out.append(
+            TrackedProcess(
+                pid=pid,
+                ppid=st.ppid,
+                starttime=st.starttime,
+                comm=st.comm,
+                state=st.state,
+                cmdline=cmdline,
+                role=role,
+                rank=-1 if rank is None else rank,
+                exit_status=st.exit_status,
+            )  # fmt: skip
+        )
+        stack.extend((c, rank) for c in sorted(children.get(pid, [])))
+    return out
+
+
+def discover(cfg: ProcessConfig, proc: Path, cgroup_root: Path) -> list[TrackedProcess]:
+    """The job's process trees on this node right now."""
+    stats = scan_stats(proc)
+    return build_tree(cfg, proc, stats, select_pids(cfg, proc, cgroup_root, stats))
+
+
+def main_of(procs: list[TrackedProcess], p: TrackedProcess) -> TrackedProcess | None:
+    """The rank's main process of ``p`` (itself if it is one)."""
+    by_pid = {q.pid: q for q in procs}
+    cur: TrackedProcess | None = p
+    while cur is not None and cur.role is not ProcessRole.MAIN:
+        cur = by_pid.get(cur.ppid)
+    return cur
+
+
+class ProcessSource:
+    name = "process"
+
+    def __init__(self, ctx: SourceContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg.process
+        self.proc = ctx.cfg.sys_path("/proc")
+        self.cgroup_root = ctx.cfg.sys_path("/sys/fs/cgroup")
+        self.known: dict[tuple[int, int], TrackedProcess] = {}
+        self.reported: set[tuple[int, int]] = set()
+
+    def snapshot(self) -> list[TrackedProcess]:
+        return discover(self.cfg, self.proc, self.cgroup_root)
+
+    def _exit(self, p: TrackedProcess, reason: str) -> ProcessExit:
+        code = sig = None
+        if p.exit_status is not None:
+            code, sig = decode_wait_status(p.exit_status)
+            reason = f"killed by signal {sig}" if sig else f"exited with code {code}"
+        return ProcessExit(
+            node=self.ctx.node, ts_ms=now_ms(), pid=p.pid, job=self.ctx.job, rank=p.rank, role=p.role,
+            exit_code=code, signal=sig, reason=reason,
+        )  # fmt: skip
+
+    def collect(self) -> list[Event]:
+        current = {p.key: p for p in self.snapshot()}
+        events: list[Event] = []
+        for key, p in current.items():
+            if p.state == "Z" and key not in self.reported:
+                events.append(self._exit(p, "zombie"))
+                self.reported.add(key)
+        for key, p in self.known.items():
+            if key not in current and key not in self.reported:
+                events.append(self._exit(p, "process ended (exit status not visible to a non-parent)"))
+        self.reported &= set(current)  # forget reaped zombies
+        self.known = current
+        return events
+
+    def close(self) -> None:
+        pass
+
+
+@register("process")
+def _factory(ctx: SourceContext) -> ProcessSource:
+    return ProcessSource(ctx)

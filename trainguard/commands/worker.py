@@ -1,0 +1,43 @@
+"""``trainguard worker``: run one stream worker (Faust) in the foreground."""
+
+from __future__ import annotations
+
+import click
+
+from infra.config import component_config
+from streams.config import WorkerConfig
+from trainguard.context import friendly_errors, settings
+
+
+@click.command()
+@click.option(
+    "--web-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Port for /metrics and /healthz (0: no web server). Overrides worker.web_port.",
+)
+@click.option(
+    "--app-id", default=None, help="Consumer group / app id (workers with one id share partitions)."
+)
+@click.option("--loglevel", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.pass_context
+@friendly_errors
+def worker(ctx: click.Context, web_port: int | None, app_id: str | None, loglevel: str) -> None:
+    """Run a stream worker: detections, decisions and the ClickHouse sink."""
+    from dataclasses import replace
+
+    import faust
+
+    from streams.app import build_app
+
+    s = settings(ctx)
+    cfg = component_config(s, "worker", WorkerConfig)
+    if web_port is not None:
+        cfg = replace(cfg, web_port=web_port)
+    if app_id:
+        cfg = replace(cfg, app_id=app_id)
+    built = build_app(s, cfg)
+    faust.Worker(built.app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
+
+
+COMMANDS = [worker]
