@@ -15,7 +15,9 @@ COMMAND_MODULES = (
     "trainguard.commands.stack",
     "trainguard.commands.smoke",
     "trainguard.commands.classify",
+    "trainguard.commands.stacks",
     "trainguard.commands.worker",
+    "trainguard.commands.ops",
 )
 
 

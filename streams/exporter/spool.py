@@ -158,7 +158,7 @@ class Spool:
         with self._lock:
             os.replace(tmp, path)
             if path in self._sealed:
-                self._sealed[path] = (tmp_size := path.stat().st_size, len(recs)) if tmp_size >= 0 else (0, 0)
+                self._sealed[path] = (path.stat().st_size, len(recs))
 
     def remove(self, path: Path) -> None:
         """Delete a fully delivered segment."""

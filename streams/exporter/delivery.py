@@ -1,0 +1,177 @@
+"""Ships spooled records to Kafka (kafka-python, batched, compressed, idempotent producer).
+
+``publish(event)`` encodes the event, picks its topic and record key from the registry
+(``schemas.topics``) and appends it to the :class:`~streams.exporter.spool.Spool` -- that is all a
+sampling thread ever does.  One delivery thread takes sealed segments oldest first, sends every
+record, and deletes a segment only once every record in it is acknowledged.  While the broker is
+away the producer retries internally (idempotence on: its retries add no duplicates); a record
+whose send failed or timed out is sent again.  If the exporter stops with a segment half
+delivered, the segment is rewritten with only the unacknowledged records, so a restart re-sends
+nothing already acknowledged: duplicates arise only from a crash (at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.bus import BusError, EventProducer
+from infra.config import KafkaConfig
+from schemas.base import Event, now_ms
+from schemas.codec import encode
+from schemas.telemetry import SourceHealth
+from schemas.topics import topic_for
+from streams.exporter.config import DeliveryConfig
+from streams.exporter.spool import Record, Spool
+
+log = logging.getLogger(__name__)
+
+#: how long one flush waits before the thread re-checks failed sends and the stop flag.
+FLUSH_WAIT_S = 1.0
+IDLE_WAIT_S = 0.1
+MAX_BACKOFF_S = 5.0
+
+
+class Delivery:
+    """The spool -> Kafka path of one exporter."""
+
+    def __init__(self, kafka: KafkaConfig, spool: Spool, cfg: DeliveryConfig | None = None) -> None:
+        self.kafka = kafka
+        self.spool = spool
+        self.cfg = cfg or DeliveryConfig()
+        self._producer: EventProducer | None = None
+        self._stop = threading.Event()
+        self._drain_deadline = float("inf")
+        self._thread: threading.Thread | None = None
+        self.delivered = 0
+        self.send_errors = 0
+        self.last_ack_ms = 0
+        self.last_error = ""
+        self.connected = False
+
+    # -- producer side (sampling threads) ------------------------------------------------------
+    def publish(self, event: Event) -> None:
+        topic = topic_for(event)
+        self.spool.append(Record(topic.name, topic.key_of(event), encode(event)))
+
+    def health(self) -> SourceHealth:
+        """Delivery as a pseudo-source in the heartbeat: drops and send errors are its errors."""
+        return SourceHealth(
+            name="delivery",
+            ok=self.connected and not self.last_error,
+            last_success_ms=self.last_ack_ms,
+            error_count=self.send_errors + self.spool.dropped_records,
+            last_error=(
+                f"{self.last_error} (spool: {self.spool.pending_records} pending, "
+                f"{self.spool.dropped_records} dropped)"
+            )[:4096]
+            if self.last_error or self.spool.dropped_records
+            else "",
+        )
+
+    # -- delivery thread -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="delivery", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Deliver what is spooled for up to ``drain_timeout_s``; the rest stays on disk."""
+        self._drain_deadline = time.monotonic() + drain_timeout_s
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(drain_timeout_s + FLUSH_WAIT_S + 15)
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout_s=1.0)
+            except Exception as exc:
+                log.debug("closing producer: %s", exc)
+        self.spool.close()
+
+    def _give_up(self) -> bool:
+        return self._stop.is_set() and time.monotonic() >= self._drain_deadline
+
+    def _connect(self) -> EventProducer | None:
+        if self._producer is None:
+            try:
+                self._producer = EventProducer(
+                    self.kafka,
+                    linger_ms=self.cfg.linger_ms,
+                    extra={
+                        "delivery_timeout_ms": self.cfg.delivery_timeout_ms,
+                        # send() may wait for metadata; only this thread ever waits on it.
+                        "max_block_ms": 5000,
+                        "reconnect_backoff_max_ms": 2000,
+                    },
+                )
+            except BusError as exc:
+                self._error(exc)
+                return None
+        return self._producer
+
+    def _error(self, exc: BaseException | str) -> None:
+        text = str(exc)
+        if text != self.last_error:
+            log.warning("delivery: %s", text)
+        self.last_error = text
+        self.connected = False
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._give_up():
+            producer = self._connect()
+            if producer is None:
+                self._stop.wait(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                continue
+            self.spool.seal()
+            path = self.spool.oldest()
+            if path is None:
+                if self._stop.is_set():
+                    return  # drained
+                self._stop.wait(IDLE_WAIT_S)
+                continue
+            if self._deliver(producer, path):
+                backoff = 0.2
+            else:
+                self._stop.wait(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    def _deliver(self, producer: EventProducer, path: Path) -> bool:
+        """Send one segment until every record is acknowledged (True) or we must stop (False)."""
+        recs = self.spool.read(path)
+        futures: dict[int, Any] = {}
+        acked: set[int] = set()
+        while True:
+            for i, rec in enumerate(recs):
+                if i in acked or (i in futures and not futures[i].failed()):
+                    continue
+                if i in futures:
+                    self.send_errors += 1
+                    self._error(futures[i].exception)
+                try:
+                    futures[i] = producer.send_raw(rec.topic, rec.value, key=rec.key)
+                except Exception as exc:  # metadata timeout (broker away), buffer full
+                    futures.pop(i, None)
+                    self._error(exc)
+                    break
+            try:
+                producer.flush(timeout_s=FLUSH_WAIT_S)
+            except BusError:
+                pass  # not everything acknowledged yet: look at the futures below
+            for i, fut in futures.items():
+                if i not in acked and fut.succeeded():
+                    acked.add(i)
+                    self.delivered += 1
+                    self.last_ack_ms = now_ms()
+            if len(acked) == len(recs):
+                self.spool.remove(path)
+                self.connected, self.last_error = True, ""
+                return True
+            if self._give_up():
+                self.spool.rewrite(path, [r for i, r in enumerate(recs) if i not in acked])
+                return False
+            if not futures or all(f.failed() for i, f in futures.items() if i not in acked):
+                return False  # nothing in flight: back off before trying again
