@@ -19,7 +19,7 @@ from typing import Any
 from infra.bus import decode_record
 from infra.config import KafkaConfig
 from schemas.base import now_ms
-from schemas.control import Command, CommandKind, DeadLetter
+from schemas.control import Command, DeadLetter
 from schemas.telemetry import SourceHealth
 from schemas.topics import COMMANDS
 from streams.exporter.config import CommandsConfig
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 def skip_reason(cmd: Command, node: str, job: str, now: int, max_age_s: float) -> str:
     """Why this exporter ignores ``cmd`` ("" = it applies).
 
+    >>> from schemas.control import CommandKind
     >>> c = Command(command_id="c1", ts_ms=1000, kind=CommandKind.CAPTURE_STACKS, node="n1")
     >>> skip_reason(c, "n1", "j", 2000, 60), skip_reason(c, "n2", "j", 2000, 60)
     ('', 'for node n1')
@@ -98,9 +99,12 @@ class CommandListener:
 
     def health(self) -> SourceHealth:
         return SourceHealth(
-            name="commands", ok=self.ready.is_set() and not self.last_error, last_success_ms=self.last_ok_ms,
-            error_count=self.errors, last_error=self.last_error[:4096],
-        )  # fmt: skip
+            name="commands",
+            ok=self.ready.is_set() and not self.last_error,
+            last_success_ms=self.last_ok_ms,
+            error_count=self.errors,
+            last_error=self.last_error[:4096],
+        )
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="commands", daemon=True)

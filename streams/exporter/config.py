@@ -89,7 +89,7 @@ class HostConfig:
             "overlay",
             "squashfs",
             "rpc_pipefs",
-        ]  # fmt: skip
+        ]
     )
 
 

@@ -12,6 +12,8 @@ nothing already acknowledged: duplicates arise only from a crash (at-least-once)
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -95,9 +97,12 @@ class Delivery:
 
     def _connect(self) -> EventProducer | None:
         if self._producer is None:
+            # kafka-python insists on delivery_timeout_ms >= linger_ms + request_timeout_ms.
+            request_timeout = min(self.kafka.request_timeout_ms, self.cfg.delivery_timeout_ms - self.cfg.linger_ms - 1)
+            kafka = dataclasses.replace(self.kafka, request_timeout_ms=max(100, request_timeout))
             try:
                 self._producer = EventProducer(
-                    self.kafka,
+                    kafka,
                     linger_ms=self.cfg.linger_ms,
                     extra={
                         "delivery_timeout_ms": self.cfg.delivery_timeout_ms,
@@ -157,10 +162,9 @@ class Delivery:
                     futures.pop(i, None)
                     self._error(exc)
                     break
-            try:
+            # A flush timeout only means not everything is acknowledged yet: see the futures below.
+            with contextlib.suppress(BusError):
                 producer.flush(timeout_s=FLUSH_WAIT_S)
-            except BusError:
-                pass  # not everything acknowledged yet: look at the futures below
             for i, fut in futures.items():
                 if i not in acked and fut.succeeded():
                     acked.add(i)

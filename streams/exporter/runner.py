@@ -115,7 +115,13 @@ class Exporter:
                 commit()
         except Exception as exc:
             duration = (time.perf_counter() - t0) * 1000
-            log.warning("source %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "source %s failed: %s: %s",
+                name,
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
             self._fail(name, exc, duration)
             return []
         duration = (time.perf_counter() - t0) * 1000

@@ -70,7 +70,9 @@ def decode_frames(data: bytes) -> tuple[list[Record], int]:
 class Spool:
     """Append-only segments with a total size bound; thread-safe."""
 
-    def __init__(self, directory: str | os.PathLike[str], max_bytes: int, segment_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], max_bytes: int, segment_bytes: int = 1 << 20
+    ) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -98,7 +100,8 @@ class Spool:
             if self._fh is None:
                 self._active = self.dir / f"{self._next:016d}.seg"
                 self._next += 1
-                self._fh = open(self._active, "ab", buffering=0)  # unbuffered: a crash keeps the frame
+                # Unbuffered: a frame is in the kernel's page cache once append() returns.
+                self._fh = open(self._active, "ab", buffering=0)  # noqa: SIM115  (closed by seal)
                 self._active_bytes = self._active_records = 0
             self._fh.write(frame)
             self._active_bytes += len(frame)
@@ -121,9 +124,11 @@ class Spool:
             victim = next((p for p in self._sealed if p != self._busy), None)
             if victim is None:
                 return  # only the active/busy segment is left: it may exceed the bound briefly
-            size, records = self._sealed.pop(victim)
+            _size, records = self._sealed.pop(victim)
             self.dropped_records += records
-            log.warning("spool full (%d bytes): dropped %d oldest records (%s)", self.max_bytes, records, victim.name)
+            log.warning(
+                "spool full (%d bytes): dropped %d oldest records (%s)", self.max_bytes, records, victim.name
+            )
             victim.unlink(missing_ok=True)
 
     def total_bytes_locked(self) -> int:

@@ -112,3 +112,43 @@ def replay(ctx: click.Context, file: str, speed: float) -> None:
 
 
 COMMANDS = [decisions, record, replay]
+
+
+@click.command("set-threshold")
+@click.argument("path")
+@click.argument("value")
+@click.pass_context
+@friendly_errors
+def set_threshold(ctx: click.Context, path: str, value: str) -> None:
+    """Change a worker setting at runtime, e.g. `set-threshold monitor.stall.stall_s 300`.
+
+    Every worker applies it without a restart (and workers started later too); the value is
+    parsed as YAML (numbers, booleans) and validated by each worker against its config.
+    """
+    import uuid
+
+    import yaml
+
+    from infra.bus import EventProducer
+    from schemas.base import now_ms
+    from schemas.control import Command, CommandKind
+    from schemas.topics import CONTROL
+    from streams.agents.control import apply_change
+    from streams.config import WorkerConfig
+
+    parsed = yaml.safe_load(value)
+    apply_change(WorkerConfig(), path, parsed)  # reject a bad path or value here, before publishing
+    cmd = Command(
+        command_id=uuid.uuid4().hex,
+        ts_ms=now_ms(),
+        kind=CommandKind.SET_THRESHOLD,
+        args={"path": path, "value": parsed},
+    )
+    producer = EventProducer(settings(ctx).kafka)
+    producer.send(cmd, CONTROL)
+    producer.flush()
+    producer.close()
+    click.echo(f"published {path} = {parsed!r} to {CONTROL.name}")
+
+
+COMMANDS.append(set_threshold)

@@ -66,8 +66,10 @@ class Registration:
     factory: SourceFactory
 
 
-#: name -> registration, in registration order (heartbeat registers last: it reports the others).
+#: name -> registration.
 REGISTRY: dict[str, Registration] = {}
+#: sources that report on the others run last in a round (``--once`` shows this round's health).
+LAST = ("heartbeat",)
 
 
 def register(name: str) -> Callable[[SourceFactory], SourceFactory]:
@@ -93,7 +95,9 @@ def section(cfg: ExporterConfig, name: str) -> Any:
 
 
 def enabled_sources(cfg: ExporterConfig) -> list[str]:
-    return [name for name in REGISTRY if section(cfg, name).enabled]
+    """Enabled source names, alphabetical, with :data:`LAST` at the end."""
+    names = sorted(name for name in REGISTRY if section(cfg, name).enabled)
+    return sorted(names, key=lambda n: n in LAST)
 
 
 def read_text(path: Path) -> str:

@@ -77,7 +77,9 @@ def parse_meminfo(text: str) -> dict[str, int]:
 
 
 def parse_loadavg(text: str) -> tuple[float, float, float]:
-    """>>> parse_loadavg("0.52 0.58 0.59 2/1034 12345")
+    """The 1/5/15-minute load averages of ``/proc/loadavg``.
+
+    >>> parse_loadavg("0.52 0.58 0.59 2/1034 12345")
     (0.52, 0.58, 0.59)
     """
     a, b, c = (float(v) for v in text.split()[:3])
@@ -87,7 +89,8 @@ def parse_loadavg(text: str) -> tuple[float, float, float]:
 def parse_mounts(text: str, skip_fs_types: set[str]) -> list[str]:
     """Mount points of real file systems in ``/proc/mounts`` (octal escapes decoded, deduplicated).
 
-    >>> parse_mounts("/dev/sda1 / ext4 rw 0 0\\nproc /proc proc rw 0 0\\n/dev/sdb /data\\\\040x xfs rw 0 0", {"proc"})
+    >>> text = "/dev/sda1 / ext4 rw 0 0\\nproc /proc proc rw 0 0\\n/dev/sdb /data\\\\040x xfs rw 0 0"
+    >>> parse_mounts(text, {"proc"})
     ['/', '/data x']
     """
     seen: list[str] = []

@@ -55,7 +55,7 @@ def _read_opt(path: Path) -> str | None:
 def read_eth(dev: Path) -> NicSample:
     """One ``/sys/class/net/<dev>`` directory as a sample (missing files -> None fields)."""
     carrier_text = _read_opt(dev / "carrier")
-    stats = {s: parse_int(_read_opt(dev / "statistics" / s) or "") for s in _STATS}
+    stats: dict[str, int | None] = {s: parse_int(_read_opt(dev / "statistics" / s) or "") for s in _STATS}
     changes = _read_opt(dev / "carrier_changes")
     return NicSample(
         name=dev.name,
@@ -63,7 +63,12 @@ def read_eth(dev: Path) -> NicSample:
         operstate=(_read_opt(dev / "operstate") or "unknown").lower() or "unknown",
         carrier=None if carrier_text is None else carrier_text.strip() == "1",
         carrier_changes=parse_int(changes) if changes is not None else None,
-        **stats,
+        rx_bytes=stats["rx_bytes"],
+        tx_bytes=stats["tx_bytes"],
+        rx_errors=stats["rx_errors"],
+        tx_errors=stats["tx_errors"],
+        rx_dropped=stats["rx_dropped"],
+        tx_dropped=stats["tx_dropped"],
     )
 
 

@@ -108,7 +108,8 @@ def xid_line(bus_id: str, xid: int, data: int = 0) -> str:
     parts = bus_id.lower().split(":")
     short = f"{parts[-3][-4:]}:{parts[-2]}:{parts[-1].split('.')[0]}" if len(parts) >= 3 else bus_id.lower()
     extra = f" (data 0x{data:x})" if data else ""
-    return f"NVRM: Xid (PCI:{short}): {xid}, pid='<unknown>', name=<unknown>, reported through the NVML event API{extra}"
+    who = "pid='<unknown>', name=<unknown>, reported through the NVML event API"
+    return f"NVRM: Xid (PCI:{short}): {xid}, {who}{extra}"
 
 
 def _load_pynvml() -> Any:
@@ -156,16 +157,18 @@ class NvmlSource:
     def _setup_events(self) -> None:
         try:
             self._event_set = self.nvml.nvmlEventSetCreate()
-            for i in range(self.nvml.nvmlDeviceGetCount()):
-                h = self.nvml.nvmlDeviceGetHandleByIndex(i)
-                try:
-                    self._bus_ids[i] = _text(self.nvml.nvmlDeviceGetPciInfo(h).busId)
-                    self.nvml.nvmlDeviceRegisterEvents(h, XID_EVENT, self._event_set)
-                except Exception as exc:  # some boards do not expose events
-                    log.info("gpu %d: no Xid events: %s", i, exc)
+            count = self.nvml.nvmlDeviceGetCount()
         except Exception as exc:
             log.warning("NVML event API unavailable: %s", exc)
             self._event_set = None
+            return
+        for i in range(count):
+            try:  # per device: one lost or event-less GPU must not cost the others their Xids
+                h = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                self._bus_ids[i] = _text(self.nvml.nvmlDeviceGetPciInfo(h).busId)
+                self.nvml.nvmlDeviceRegisterEvents(h, XID_EVENT, self._event_set)
+            except Exception as exc:
+                log.info("gpu %d: no Xid events: %s", i, exc)
 
     def _get(self, fn: str, *args: Any) -> Any:
         """One NVML call; None where the board does not support it. GPU lost propagates."""
@@ -206,9 +209,11 @@ class NvmlSource:
         if rows is not None:
             corr, unc, is_pending, failed = rows
             raw.update(
-                remapped_rows_correctable=corr, remapped_rows_uncorrectable=unc,
-                remap_pending=bool(is_pending), remap_failure=bool(failed),
-            )  # fmt: skip
+                remapped_rows_correctable=corr,
+                remapped_rows_uncorrectable=unc,
+                remap_pending=bool(is_pending),
+                remap_failure=bool(failed),
+            )
         raw["pcie_replay_count"] = self._get("nvmlDeviceGetPcieReplayCounter", h)
         raw["nvlink_errors"] = self._nvlink_errors(h, n)
         return raw

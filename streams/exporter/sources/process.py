@@ -44,7 +44,7 @@ class ProcStat:
 def parse_stat(text: str) -> ProcStat:
     """``/proc/PID/stat``; the name may hold spaces and parentheses, so split at the last ``)``.
 
-    >>> s = parse_stat("4242 (python (x)) Z 4200 4242 4200 0 -1 4194560 " + "0 " * 41 + "256")
+    >>> s = parse_stat("4242 (python (x)) Z 4200 4242 4200 0 -1 4194560 " + "0 " * 42 + "256")
     >>> (s.pid, s.comm, s.state, s.ppid, s.exit_status)
     (4242, 'python (x)', 'Z', 4200, 256)
     """
@@ -55,9 +55,13 @@ def parse_stat(text: str) -> ProcStat:
         raise ValueError(f"truncated stat line: {text[:80]!r}")
     exit_status = int(fields[49]) if len(fields) > 49 and fields[0] == "Z" else None
     return ProcStat(
-        pid=int(pid_text), comm=comm, state=fields[0], ppid=int(fields[1]), starttime=int(fields[19]),
+        pid=int(pid_text),
+        comm=comm,
+        state=fields[0],
+        ppid=int(fields[1]),
+        starttime=int(fields[19]),
         exit_status=exit_status,
-    )  # fmt: skip
+    )
 
 
 def decode_wait_status(status: int) -> tuple[int | None, int | None]:
@@ -185,15 +189,15 @@ def build_tree(
 
     ckpt = re.compile(cfg.checkpoint_pattern) if cfg.checkpoint_pattern else None
     out: list[TrackedProcess] = []
-    ranks: dict[int, int | None] = {}
-    stack = [(pid, None) for pid in sorted(selected) if not has_selected_ancestor(pid)]
+    stack: list[tuple[int, int | None]] = [
+        (p, None) for p in sorted(selected) if not has_selected_ancestor(p)
+    ]
     while stack:
         pid, parent_rank = stack.pop(0)
         st = stats[pid]
         cmdline = cmdline_of(proc, pid)
         own = rank_of(proc, pid, cfg.rank_env)
         rank = own if own is not None else parent_rank
-        ranks[pid] = rank
         if st.comm == DATALOADER_COMM:
             role = ProcessRole.DATALOADER
         elif ckpt is not None and parent_rank is not None and (ckpt.search(st.comm) or ckpt.search(cmdline)):
@@ -213,7 +217,7 @@ def build_tree(
                 role=role,
                 rank=-1 if rank is None else rank,
                 exit_status=st.exit_status,
-            )  # fmt: skip
+            )
         )
         stack.extend((c, rank) for c in sorted(children.get(pid, [])))
     return out
@@ -254,9 +258,16 @@ class ProcessSource:
             code, sig = decode_wait_status(p.exit_status)
             reason = f"killed by signal {sig}" if sig else f"exited with code {code}"
         return ProcessExit(
-            node=self.ctx.node, ts_ms=now_ms(), pid=p.pid, job=self.ctx.job, rank=p.rank, role=p.role,
-            exit_code=code, signal=sig, reason=reason,
-        )  # fmt: skip
+            node=self.ctx.node,
+            ts_ms=now_ms(),
+            pid=p.pid,
+            job=self.ctx.job,
+            rank=p.rank,
+            role=p.role,
+            exit_code=code,
+            signal=sig,
+            reason=reason,
+        )
 
     def collect(self) -> list[Event]:
         current = {p.key: p for p in self.snapshot()}

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 from schemas.base import Event
 from schemas.codec import DecodeError, decode
@@ -48,12 +49,12 @@ def accept(raw: bytes, node: str, job: str) -> Event:
     event = decode(raw)
     if not isinstance(event, ACCEPTED):
         raise DecodeError("schema", f"{event.TYPE!r} is not accepted from a training reporter")
-    changes = {}
-    if not getattr(event, "node", "") and node:
+    changes: dict[str, Any] = {}
+    if not event.node and node:
         changes["node"] = node
-    if not getattr(event, "job", "") and job:
+    if not event.job and job:
         changes["job"] = job
-    return dataclasses.replace(event, **changes) if changes else event  # type: ignore[type-var]
+    return dataclasses.replace(event, **changes) if changes else event
 
 
 class ReporterSource:

@@ -1,0 +1,90 @@
+"""The whole exporter process: sources + spool/delivery + command listener + stack capture.
+
+``ExporterService(cfg, kafka).start()`` is what ``trainguard exporter`` runs; tests and benches
+run it in-process.  The spool lives in ``<state_dir>/spool``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from infra.config import KafkaConfig
+from schemas.base import now_ms
+from schemas.control import Command, CommandKind
+from schemas.telemetry import SourceHealth
+from streams.exporter.commands import CommandListener, capture_args, interval_args
+from streams.exporter.config import ExporterConfig
+from streams.exporter.delivery import Delivery
+from streams.exporter.runner import Exporter
+from streams.exporter.sources.process import discover
+from streams.exporter.spool import Spool
+from streams.exporter.stack_capture import StackCapturer
+
+log = logging.getLogger(__name__)
+
+
+class ExporterService:
+    def __init__(self, cfg: ExporterConfig, kafka: KafkaConfig, *, nvml: Any = None) -> None:
+        self.cfg = cfg
+        state = Path(cfg.state_dir)
+        self.spool = Spool(state / "spool", cfg.delivery.spool_max_bytes, cfg.delivery.spool_segment_bytes)
+        self.delivery = Delivery(kafka, self.spool, cfg.delivery)
+        self.stacks = StackCapturer(
+            cfg.stacks,
+            cfg.node_name,
+            cfg.job,
+            lambda: discover(cfg.process, cfg.sys_path("/proc"), cfg.sys_path("/sys/fs/cgroup")),
+            self.delivery.publish,
+        )
+        self.commands = (
+            CommandListener(kafka, cfg.node_name, cfg.job, cfg.commands, self.handle)
+            if cfg.commands.enabled
+            else None
+        )
+        hooks = [self.delivery.health, self._capture_health]
+        if self.commands is not None:
+            hooks.append(self.commands.health)
+        self.exporter = Exporter(cfg, self.delivery.publish, nvml=nvml, extra_health=hooks)
+
+    def _capture_health(self) -> SourceHealth:
+        return SourceHealth(name="stacks", ok=True, last_success_ms=now_ms(), error_count=self.stacks.errors)
+
+    def handle(self, cmd: Command) -> None:
+        """Act on one command for this node (ValueError: malformed, reported by the listener)."""
+        if cmd.kind is CommandKind.CAPTURE_STACKS:
+            rounds, interval = capture_args(cmd.args, self.cfg.stacks.max_rounds)
+            log.info("capture %s: %d round(s) every %.1f s", cmd.command_id, rounds, interval)
+            self.stacks.request(cmd.command_id, rounds, interval)
+        elif cmd.kind is CommandKind.SET_INTERVAL:
+            source, seconds = interval_args(cmd.args)
+            self.exporter.set_interval(source, seconds)
+        else:
+            raise ValueError(f"command kind {cmd.kind.value!r} is not for exporters")
+
+    def start(self) -> None:
+        self.delivery.start()
+        if self.commands is not None:
+            self.commands.start()
+        self.exporter.start()
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop sampling, then deliver what is spooled (the rest stays on disk for next time)."""
+        self.exporter.stop()
+        self.stacks.stop()
+        if self.commands is not None:
+            self.commands.stop()
+        self.delivery.stop(drain_timeout_s)
+
+    def run_forever(self) -> None:
+        """Until SIGTERM/SIGINT (main thread only)."""
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        self.start()
+        log.info("exporter %s running (sources: %s)", self.cfg.node_name, ", ".join(self.exporter.sources))
+        done.wait()
+        self.stop()

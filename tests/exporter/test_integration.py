@@ -1,0 +1,157 @@
+"""The exporter against real Kafka brokers: events on their topics, commands, broker outage."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.bus import EventProducer, create_topics
+from infra.config import Settings, load_settings
+from infra.stack.kafka import KafkaServer
+from schemas.base import Event, now_ms
+from schemas.control import Command, CommandKind
+from schemas.telemetry import Heartbeat, HostSample, NicSampleBatch
+from schemas.topics import COMMANDS, HEARTBEATS, HOST, LOGS, NIC
+from schemas.workload import LogLine
+from streams.exporter.service import ExporterService
+from tests.exporter.conftest import make_cfg
+from tests.exporter.kafka_helpers import TopicReader
+
+pytestmark = pytest.mark.slow
+
+XID = "[ 9100.000001] NVRM: Xid (PCI:0000:3b:00): 79, pid=77, name=python, GPU has fallen off the bus."
+
+
+def _wait(pred, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path, tmp_path: Path) -> None:
+    node = f"it-{uuid.uuid4().hex[:8]}"
+    cfg = make_cfg(
+        root, tmp_path / "state", node=node,
+        nic={"interval_s": 0.2}, kernel_log={"interval_s": 0.2}, host={"interval_s": 5}, heartbeat={"interval_s": 1},
+        process={"enabled": False},
+    )  # fmt: skip
+    reader = TopicReader(stack_settings.kafka, [LOGS.name, NIC.name])
+    service = ExporterService(cfg, stack_settings.kafka)
+    service.start()
+    try:
+        assert service.commands is not None
+        assert service.commands.ready.wait(30), "command consumer never got its partitions"
+        mine = lambda ev: getattr(ev, "node", None) == node  # noqa: E731
+        first = reader.read_until(mine, lambda got: any(isinstance(e, NicSampleBatch) for e in got))
+        assert any(isinstance(e, NicSampleBatch) and e.nics[0].operstate == "up" for e in first)
+        # the incident: an Xid in the kernel log and eth0 losing its link
+        with open(root / "var/log/kern.log", "a") as fh:
+            fh.write(XID + "\n")
+        (root / "sys/class/net/eth0/operstate").write_text("down\n")
+        (root / "sys/class/net/eth0/carrier").unlink()
+
+        def seen(got: list[Event]) -> bool:
+            xid = any(isinstance(e, LogLine) and e.line == XID for e in got)
+            down = any(isinstance(e, NicSampleBatch) and e.nics[0].operstate == "down" for e in got)
+            return xid and down
+
+        later = reader.read_until(mine, seen)
+        assert seen(later)
+        (xid,) = [e for e in later if isinstance(e, LogLine) and e.line == XID]
+        assert xid.job == "job-t" and xid.source == "kernel"
+        eth0 = next(e for e in later if isinstance(e, NicSampleBatch) and e.nics[0].operstate == "down").nics[0]
+        assert (eth0.name, eth0.carrier) == ("eth0", None)
+        # the fixture's 18 interesting lines went out too, each exactly once
+        lines = [e for e in first + later if isinstance(e, LogLine)]
+        assert len(lines) == len({e.seq for e in lines}) == 19
+        # runtime interval change through the command topic
+        producer = EventProducer(stack_settings.kafka)
+        cmd = Command(
+            command_id=uuid.uuid4().hex, ts_ms=now_ms(), kind=CommandKind.SET_INTERVAL, node=node,
+            args={"source": "host", "interval_s": 0.25},
+        )  # fmt: skip
+        bad = Command(
+            command_id=uuid.uuid4().hex, ts_ms=now_ms(), kind=CommandKind.SET_INTERVAL, node=node,
+            args={"source": "gpus", "interval_s": 1},
+        )  # fmt: skip
+        other = Command(
+            command_id=uuid.uuid4().hex, ts_ms=now_ms(), kind=CommandKind.SET_INTERVAL, node="another-node",
+            args={"source": "host", "interval_s": 99},
+        )  # fmt: skip
+        for c in (other, bad, cmd):
+            producer.send(c, COMMANDS).get(timeout=30)
+        producer.close()
+        _wait(lambda: service.exporter.intervals["host"] == 0.25)
+        assert (service.commands.errors, service.commands.handled) == (1, 1)  # "gpus" refused, other node skipped
+    finally:
+        service.stop()
+        reader.close()
+    assert service.spool.pending_records == 0
+
+
+@pytest.fixture
+def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
+    """A second broker on other ports: stopping it disturbs nobody else."""
+    env = {
+        "TRAINGUARD_HOME": str(tmp_path / "kafka-home"),
+        "TRAINGUARD__STACK__KAFKA_PORT": "29592",
+        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": "29593",
+    }
+    settings = load_settings(environ=env)
+    server = KafkaServer(settings.stack)
+    server.start()
+    try:
+        server.wait_healthy(90)
+        create_topics(settings.kafka, [HEARTBEATS, HOST, LOGS, NIC])
+        yield settings, server
+    finally:
+        server.stop()
+
+
+def test_broker_outage_loses_no_sample(private_kafka: tuple[Settings, KafkaServer], root: Path, tmp_path: Path) -> None:
+    settings, server = private_kafka
+    node = f"outage-{uuid.uuid4().hex[:8]}"
+    cfg = make_cfg(
+        root, tmp_path / "state", node=node,
+        heartbeat={"interval_s": 0.1}, host={"interval_s": 0.2},
+        nic={"enabled": False}, kernel_log={"enabled": False}, process={"enabled": False},
+        reporter={"enabled": False}, commands={"enabled": False},
+        delivery={"delivery_timeout_ms": 5000, "spool_segment_bytes": 4096},
+    )  # fmt: skip
+    service = ExporterService(cfg, settings.kafka)
+    service.start()
+    try:
+        _wait(lambda: service.delivery.delivered > 5)
+        assert server.stop()
+        down_at = service.exporter._health["heartbeat"].rounds
+        time.sleep(4)  # sampling goes on into the spool
+        assert service.exporter._health["heartbeat"].rounds >= down_at + 20
+        assert service.spool.pending_records > 20
+        assert server.start()
+        server.wait_healthy(90)
+        _wait(lambda: service.spool.pending_records < 5 and service.delivery.connected, timeout_s=60)
+    finally:
+        service.stop(drain_timeout_s=30)
+    beats = service.exporter._health["heartbeat"].rounds
+    hosts = service.exporter._health["host"].rounds
+    assert service.spool.pending_records == 0 and service.spool.dropped_records == 0
+    reader = TopicReader(settings.kafka, [HEARTBEATS.name, HOST.name], from_beginning=True)
+    try:
+        mine = lambda ev: getattr(ev, "node", None) == node  # noqa: E731
+        got = reader.read_until(
+            mine, lambda g: len({e.seq for e in g if isinstance(e, Heartbeat)}) >= beats, timeout_s=60
+        )
+        got += reader.read_until(mine, lambda g: False, timeout_s=1.5)  # anything beyond (duplicates)
+    finally:
+        reader.close()
+    seqs = sorted({e.seq for e in got if isinstance(e, Heartbeat)})
+    assert seqs == list(range(beats)), f"missing heartbeats: {sorted(set(range(beats)) - set(seqs))[:20]}"
+    host_ts = {e.ts_ms for e in got if isinstance(e, HostSample)}
+    assert len(host_ts) >= hosts - 1  # two host rounds can share a millisecond; none is lost
+    n_hb = sum(isinstance(e, Heartbeat) for e in got)
+    print(f"heartbeats {beats}, host samples {hosts}, duplicates {n_hb - beats}")

@@ -1,0 +1,28 @@
+"""A shared real worker for the stream integration tests (thresholds shortened for test time)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.config import Settings
+from tests.streams.harness import WorkerProcess, unique
+
+#: Short thresholds so a stall is a hang after 4 s instead of 10 minutes.
+FAST_ENV = {
+    "TRAINGUARD__WORKER__MONITOR__STALL__STALL_S": "4",
+    "TRAINGUARD__WORKER__CHECK_INTERVAL_S": "1",
+    "TRAINGUARD__WORKER__AGGREGATION__DEADLINE_S": "6",
+    "TRAINGUARD__WORKER__AGGREGATION__COOLDOWN_S": "0",
+    "TRAINGUARD__WORKER__SINK__MAX_WAIT_S": "0.3",
+}
+
+
+@pytest.fixture(scope="module")
+def worker(stack_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    log = Path(tmp_path_factory.mktemp("worker")) / "worker.log"
+    w = WorkerProcess(unique("tg-test"), 16190, log, FAST_ENV).start()
+    yield w
+    w.stop()

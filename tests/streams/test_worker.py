@@ -1,0 +1,293 @@
+"""Stream worker integration tests on the real broker and ClickHouse (issue: streams)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from detectors.stacks import DumpName, DumpParser
+from infra.clickhouse.store import ClickHouseStore
+from infra.config import Settings
+from schemas.base import now_ms
+from schemas.control import Command, CommandKind, Decision, Detection, JobSpec
+from schemas.enums import Action, ProcessRole
+from schemas.telemetry import NicSample, NicSampleBatch
+from schemas.topics import COMMANDS, DECISIONS, DETECTIONS, TOPICS
+from schemas.topology import JobTopology
+from schemas.workload import Frame, LogLine, StackDump, ThreadStack, TrainingStep
+from tests.streams.harness import Watcher, WorkerProcess, send, unique
+
+pytestmark = pytest.mark.slow
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
+XID = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python, GPU has fallen off the bus."
+
+
+def _store(settings: Settings) -> ClickHouseStore:
+    return ClickHouseStore(settings.clickhouse)
+
+
+def _eventually(fn, timeout_s: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.3)
+
+
+def test_xid_79_line_evicts_that_machine(stack_settings: Settings, worker: WorkerProcess) -> None:
+    job, node = unique("xid"), unique("node")
+    w = Watcher(stack_settings, DECISIONS)
+    send(
+        stack_settings,
+        LogLine(node=node, ts_ms=now_ms(), source="kernel", line=XID.format(code=79), seq=7, job=job),
+    )
+    dec = w.wait_for(lambda e: isinstance(e, Decision) and e.job == job)
+    assert isinstance(dec, Decision)
+    assert (
+        dec.action is Action.EVICT and dec.targets.machines == [node] and dec.targets.group_kind == "machine"
+    )
+    w.close()
+    st = _store(stack_settings)
+    assert _eventually(lambda: st.count("decisions", "decision_id = %(d)s", {"d": dec.decision_id}) == 1)
+    assert _eventually(lambda: st.count("log_lines", "node = %(n)s", {"n": node}) == 1)
+    assert _eventually(lambda: st.count("detections", "job = %(j)s AND kind = 'xid-79'", {"j": job}) == 1)
+
+
+def test_nan_loss_asks_for_stop_time_diagnosis(stack_settings: Settings, worker: WorkerProcess) -> None:
+    job = unique("nan")
+    w = Watcher(stack_settings, DECISIONS)
+    t0 = now_ms()
+    steps = [
+        TrainingStep(
+            job=job, rank=r, step=s, ts_ms=t0 + s * 100, node="n0", loss=3.0 - 0.01 * s, grad_norm=1.0
+        )
+        for s in range(12)
+        for r in range(2)
+    ]
+    steps.append(
+        TrainingStep(job=job, rank=1, step=12, ts_ms=t0 + 1300, node="n0", loss=float("nan"), grad_norm=1.0)
+    )
+    send(stack_settings, *steps)
+    dec = w.wait_for(lambda e: isinstance(e, Decision) and e.job == job and e.action is Action.DIAGNOSE)
+    assert isinstance(dec, Decision)
+    assert dec.evidence["detection"]["kind"] == "nan" and dec.evidence["detection"]["ranks"] == [1]
+    w.close()
+    st = _store(stack_settings)
+    assert _eventually(lambda: st.count("training_steps", "job = %(j)s", {"j": job}) == 25)
+    assert _eventually(lambda: st.count("decisions", "decision_id = %(d)s", {"d": dec.decision_id}) == 1)
+
+
+def test_user_type_error_traceback_rolls_back_code(stack_settings: Settings, worker: WorkerProcess) -> None:
+    job, node = unique("tb"), unique("node")
+    tb = [
+        "[rank3]: Traceback (most recent call last):",
+        '[rank3]:   File "/workspace/megatron/train.py", line 212, in <module>',
+        "[rank3]:     main()",
+        '[rank3]:   File "/workspace/megatron/model/new_attention.py", line 88, in forward',
+        "[rank3]:     scores = q @ k.transpose(-1, -2) * self.scale",
+        "[rank3]: TypeError: unsupported operand type(s) for *: 'Tensor' and 'NoneType'",
+    ]
+    t0 = now_ms()
+    w = Watcher(stack_settings, DECISIONS)
+    send(
+        stack_settings,
+        *[
+            LogLine(node=node, ts_ms=t0 + i, source="stderr", line=line, seq=i, job=job, rank=3)
+            for i, line in enumerate(tb)
+        ],
+    )
+    dec = w.wait_for(lambda e: isinstance(e, Decision) and e.job == job)
+    assert isinstance(dec, Decision) and dec.action is Action.ROLLBACK
+    w.close()
+    st = _store(stack_settings)
+    rows = _eventually(
+        lambda: st.query("SELECT evidence FROM detections FINAL WHERE job = %(j)s", {"j": job})
+    )
+    assert "new_attention.py" in rows[0][0] and "TypeError" in rows[0][0]
+
+
+def test_nic_flap_once_is_tolerated_twice_in_five_minutes_evicts(
+    stack_settings: Settings, worker: WorkerProcess
+) -> None:
+    job, node = unique("nic"), unique("node")
+    w = Watcher(stack_settings, DECISIONS)
+    d = Watcher(stack_settings, DETECTIONS)
+    t0 = now_ms()
+
+    def nic(state: str, dt_s: int) -> NicSampleBatch:
+        return NicSampleBatch(
+            node=node,
+            ts_ms=t0 + dt_s * 1000,
+            job=job,
+            nics=[NicSample(name="ib0", kind="ib", operstate=state, carrier=state == "up")],
+        )
+
+    send(stack_settings, nic("up", 0), nic("down", 30), nic("up", 60))
+    d.wait_for(lambda e: isinstance(e, Detection) and e.node == node and e.kind == "nic-state-down")
+    assert w.all(lambda e: isinstance(e, Decision) and e.job == job, settle_s=3.0) == []
+    send(stack_settings, nic("down", 120))
+    dec = w.wait_for(lambda e: isinstance(e, Decision) and e.job == job)
+    assert isinstance(dec, Decision) and dec.action is Action.EVICT and dec.targets.machines == [node]
+    w.close()
+    d.close()
+
+
+def _fixture_dumps(
+    name: str, job: str, machines: list[str], rpm: int, capture_id: str
+) -> dict[str, list[StackDump]]:
+    """node -> StackDumps of its ranks, from a fixture captured with py-spy from a real gloo job."""
+    parser = DumpParser()
+    out: dict[str, list[StackDump]] = {}
+    for f in sorted((FIXTURES / name).glob("rank*.json")):
+        dn = DumpName.parse(f.name)
+        assert dn is not None
+        for pd in parser.parse(f.read_text(), "json", f.name, dn.pid):
+            threads = [
+                ThreadStack(
+                    thread_id=t.thread_id or 0,
+                    name=t.name,
+                    active=bool(t.active),
+                    frames=[Frame(fr.name, fr.filename, fr.line) for fr in t.frames],
+                )
+                for t in pd.threads
+            ]
+            node = machines[dn.rank // rpm]
+            role = ProcessRole.MAIN if dn.worker is None else ProcessRole.DATALOADER
+            out.setdefault(node, []).append(
+                StackDump(
+                    job=job,
+                    node=node,
+                    rank=dn.rank,
+                    pid=pd.pid,
+                    capture_id=capture_id,
+                    ts_ms=now_ms(),
+                    role=role,
+                    threads=threads,
+                )
+            )
+    return out
+
+
+def test_stalled_rank_is_localised_and_its_pipeline_evicted(
+    stack_settings: Settings, worker: WorkerProcess
+) -> None:
+    # tp2 pp2 dp2, 2 ranks per machine; the fixture's rank 5 hangs in compute (real py-spy dumps).
+    job = unique("hang")
+    machines = [f"{job}-m{i}" for i in range(4)]
+    topo = JobTopology(job=job, tp=2, pp=2, dp=2, ranks_per_machine=2, machines=machines)
+    commands, decisions = Watcher(stack_settings, COMMANDS), Watcher(stack_settings, DECISIONS)
+    t0 = now_ms()
+    send(stack_settings, JobSpec(job=job, ts_ms=t0, topology=topo))
+    time.sleep(1.0)  # the spec reaches the worker's job directory through the sink
+    send(
+        stack_settings,
+        *[
+            TrainingStep(job=job, rank=r, step=s, ts_ms=t0 + s * 200, node=machines[r // 2], loss=2.0)
+            for s in range(3)
+            for r in range(8)
+        ],
+    )
+    # No more steps: after the stall threshold the worker suspects a hang and asks every machine for stacks.
+    first = commands.wait_for(lambda e: isinstance(e, Command) and e.job == job, timeout_s=30)
+    assert isinstance(first, Command) and first.kind is CommandKind.CAPTURE_STACKS
+    cmds = [
+        first,
+        *commands.all(lambda e: isinstance(e, Command) and e.job == job and e is not first, settle_s=1.0),
+    ]
+    assert sorted(c.node for c in cmds) == machines
+    capture_id = str(first.args["capture_id"])
+    dumps = _fixture_dumps("tp2pp2dp2_compute_hang_last_stage", job, machines, 2, capture_id)
+    send(stack_settings, *[d for node in machines for d in dumps[node]])
+    dec = decisions.wait_for(
+        lambda e: isinstance(e, Decision) and e.job == job and e.action is Action.EVICT, 30
+    )
+    assert isinstance(dec, Decision)
+    assert dec.targets.group_kind == "pp" and dec.targets.ranks == [1, 5]
+    assert dec.targets.machines == [machines[0], machines[2]]
+    assert 5 in dec.evidence["analysis"]["suspect_ranks"]
+    commands.close()
+    decisions.close()
+    st = _store(stack_settings)
+    assert _eventually(
+        lambda: st.count("stack_dumps", "job = %(j)s", {"j": job}) == sum(map(len, dumps.values()))
+    )
+    assert _eventually(lambda: st.count("decisions", "job = %(j)s AND action = 'evict'", {"j": job}) == 1)
+
+
+def test_garbage_on_every_input_topic_is_dead_lettered(
+    stack_settings: Settings, worker: WorkerProcess
+) -> None:
+    tag = unique("junk")
+    raw = [
+        (t.name, tag.encode(), b"\x00\xffnot an event") for t in TOPICS if t.name != "trainguard.deadletter"
+    ]
+    send(stack_settings, raw=raw)
+    st = _store(stack_settings)
+    assert _eventually(lambda: st.count("dead_letters", "key = %(k)s", {"k": tag}) == len(raw), 30)
+    assert worker.healthz() is not None and worker.healthz()["ok"]  # type: ignore[index]
+    assert 'trainguard_dead_letters_total{agent="sink"}' in worker.metrics()
+
+
+def test_thresholds_change_at_runtime_through_the_control_topic(
+    stack_settings: Settings, worker: WorkerProcess
+) -> None:
+    from schemas.topics import CONTROL
+
+    job = unique("ctl")
+    w = Watcher(stack_settings, DECISIONS)
+
+    def xid_pair(node: str, t0: int) -> list[LogLine]:
+        return [
+            LogLine(node=node, ts_ms=t0 + i * 1000, source="kernel", line=XID.format(code=79), seq=i, job=job)
+            for i in range(2)
+        ]
+
+    def set_window(value: float, t: int) -> None:
+        send(
+            stack_settings,
+            Command(
+                command_id=unique("cmd"),
+                ts_ms=t,
+                kind=CommandKind.SET_THRESHOLD,
+                job=job,
+                args={"path": "decide.dedup_window_s", "value": value},
+            ),
+            topic=CONTROL,
+        )
+
+    # Default window (300 s): the same fault twice 1 s apart is one decision.
+    t0 = now_ms()
+    send(stack_settings, *xid_pair(f"{job}-a", t0))
+    w.wait_for(lambda e: isinstance(e, Decision) and e.job == job)
+    assert len(w.all(lambda e: isinstance(e, Decision) and e.job == job, settle_s=2.0)) == 1
+    try:
+        set_window(0.0, now_ms())
+        time.sleep(2.0)  # every worker follows the control topic on its own
+        send(stack_settings, *xid_pair(f"{job}-b", now_ms()))
+
+        def got() -> list[Decision]:
+            mine = w.all(lambda e: isinstance(e, Decision) and e.job == job)
+            return [e for e in mine if isinstance(e, Decision) and e.targets.machines == [f"{job}-b"]]
+
+        assert _eventually(lambda: len(got()) == 2, 20)
+    finally:
+        set_window(300.0, now_ms())  # the control topic is replayed by every later worker: restore
+    # An invalid change is rejected and the worker keeps running with its last good config.
+    send(
+        stack_settings,
+        Command(
+            command_id=unique("cmd"),
+            ts_ms=now_ms(),
+            kind=CommandKind.SET_THRESHOLD,
+            job=job,
+            args={"path": "decide.no_such_setting", "value": 1},
+        ),
+        topic=CONTROL,
+    )
+    time.sleep(1.0)
+    assert worker.healthz() is not None
+    assert CONTROL.partitions == 1
+    w.close()

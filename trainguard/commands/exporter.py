@@ -1,0 +1,201 @@
+"""``trainguard exporter`` (the node exporter) and the commands that drive it from the control
+plane: ``trainguard capture-stacks`` and ``trainguard set-interval``.
+
+``trainguard exporter --node NAME --job JOB [--root PATH] [--kernel-log FILE] [--once --print]``
+runs every enabled source on its interval and ships the events to Kafka; ``--once --print`` runs
+one round and prints the events as JSON lines instead (no Kafka, no state written).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import uuid
+from typing import Any
+
+import click
+
+from infra.bus import EventProducer
+from schemas.base import now_ms
+from schemas.codec import to_dict
+from schemas.config import load_yaml_file
+from schemas.control import Command, CommandKind
+from schemas.topics import COMMANDS as COMMAND_TOPIC
+from trainguard.context import friendly_errors, settings
+
+log = logging.getLogger(__name__)
+
+
+def _overrides(
+    node: str | None,
+    job: str | None,
+    root: str | None,
+    kernel_log: str | None,
+    state_dir: str | None,
+    socket_path: str | None,
+    pids: tuple[int, ...],
+    cgroup: str | None,
+    cmd_pattern: str | None,
+    disable: tuple[str, ...],
+    intervals: tuple[str, ...],
+    expect_gpus: int | None,
+) -> dict[str, Any]:
+    """Command-line flags as a config mapping (they win over the file and the environment)."""
+    data: dict[str, Any] = {}
+    for key, given in (("node", node), ("job", job), ("root", root), ("state_dir", state_dir)):
+        if given is not None:
+            data[key] = given
+    sections: dict[str, dict[str, Any]] = {}
+    if kernel_log is not None:
+        sections.setdefault("kernel_log", {})["path"] = kernel_log
+    if socket_path is not None:
+        sections.setdefault("reporter", {})["socket"] = socket_path
+    if pids:
+        sections.setdefault("process", {})["pids"] = list(pids)
+    if cgroup is not None:
+        sections.setdefault("process", {})["cgroup"] = cgroup
+    if cmd_pattern is not None:
+        sections.setdefault("process", {})["cmd_pattern"] = cmd_pattern
+    if expect_gpus is not None:
+        sections.setdefault("nvml", {})["expect_gpus"] = expect_gpus
+    for name in disable:
+        sections.setdefault(name, {})["enabled"] = False
+    for spec in intervals:
+        name, sep, seconds = spec.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if not sep or value <= 0:
+            raise click.BadParameter(f"{spec!r}: expected SOURCE=SECONDS", param_hint="--interval")
+        sections.setdefault(name, {})["interval_s"] = value
+    return {**data, **sections}
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@click.command("exporter")
+@click.option("--node", help="This machine's name (default: the hostname).")
+@click.option("--job", help="The training job running here.")
+@click.option(
+    "--exporter-config", type=click.Path(dir_okay=False), help="YAML file of ExporterConfig settings."
+)
+@click.option("--root", help="Prefix of every system path read (PATH/proc, PATH/sys/class/net, ...).")
+@click.option("--kernel-log", help="Kernel log to follow (a file or /dev/kmsg; default ROOT/dev/kmsg).")
+@click.option("--state-dir", help="Spool and kernel-log position live here.")
+@click.option("--socket", "socket_path", help="Unix socket training reporters send to.")
+@click.option("--pid", "pids", type=int, multiple=True, help="A training process (repeatable).")
+@click.option("--cgroup", help="cgroup (v2, relative to ROOT/sys/fs/cgroup) holding the training processes.")
+@click.option("--cmd-pattern", help="Regular expression matching training processes' command lines.")
+@click.option("--disable", multiple=True, help="Disable a source by name (repeatable).")
+@click.option(
+    "--interval", "intervals", multiple=True, metavar="SOURCE=SECONDS", help="Override an interval."
+)
+@click.option("--expect-gpus", type=click.IntRange(0, 1024), help="GPUs this node should have.")
+@click.option("--simulate-gpus", type=click.IntRange(1, 1024), help="Use N simulated GPUs instead of NVML.")
+@click.option("--once", is_flag=True, help="Run one round of every enabled source and exit.")
+@click.option("--print", "print_", is_flag=True, help="With --once: print events as JSON lines, no Kafka.")
+@click.pass_context
+@friendly_errors
+def exporter(
+    ctx: click.Context,
+    exporter_config: str | None,
+    simulate_gpus: int | None,
+    once: bool,
+    print_: bool,
+    **flags: Any,
+) -> None:
+    """Run the node exporter: GPU, kernel log, NIC, host, process, reporter and heartbeat sources."""
+    from streams.exporter.config import load_exporter_config
+
+    if print_ and not once:
+        raise click.UsageError("--print needs --once")
+    file_data = load_yaml_file(exporter_config) if exporter_config else {}
+    cfg = load_exporter_config(_deep_merge(file_data, _overrides(**flags)))
+    nvml = None
+    if simulate_gpus:
+        from streams.exporter.nvml_sim import SimulatedNvml
+
+        nvml = SimulatedNvml(simulate_gpus)
+    if print_:
+        from streams.exporter.runner import Exporter
+
+        out = sys.stdout
+        runner = Exporter(cfg, lambda ev: None, nvml=nvml, once=True)
+        for event in runner.run_once():
+            out.write(json.dumps(to_dict(event), separators=(",", ":")) + "\n")
+        runner.stop()
+        return
+    from streams.exporter.service import ExporterService
+
+    service = ExporterService(cfg, settings(ctx).kafka, nvml=nvml)
+    if once:
+        events = service.exporter.run_once()
+        service.delivery.start()
+        service.stop(drain_timeout_s=30.0)
+        left = service.spool.pending_records
+        click.echo(f"published {len(events)} events; {left} left in the spool")
+        if left:
+            raise click.ClickException(
+                f"{left} events could not be delivered (kept in {cfg.state_dir}/spool)"
+            )
+        return
+    service.run_forever()
+
+
+def _send_command(ctx: click.Context, cmd: Command) -> None:
+    producer = EventProducer(settings(ctx).kafka)
+    try:
+        producer.send(cmd, COMMAND_TOPIC).get(timeout=30)
+    finally:
+        producer.close()
+    click.echo(cmd.command_id)
+
+
+@click.command("capture-stacks")
+@click.option("--node", default="", help="Node whose exporter captures (default: every node).")
+@click.option("--job", default="", help="Only exporters of this job.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--interval", "interval_s", default=10.0, show_default=True, help="Seconds between rounds.")
+@click.pass_context
+@friendly_errors
+def capture_stacks(ctx: click.Context, node: str, job: str, rounds: int, interval_s: float) -> None:
+    """Ask exporters for py-spy dumps of every training process (prints the capture id)."""
+    cmd = Command(
+        command_id=uuid.uuid4().hex,
+        ts_ms=now_ms(),
+        kind=CommandKind.CAPTURE_STACKS,
+        node=node,
+        job=job,
+        args={"rounds": rounds, "interval_s": interval_s},
+    )
+    _send_command(ctx, cmd)
+
+
+@click.command("set-interval")
+@click.argument("source")
+@click.argument("seconds", type=click.FloatRange(0.01, 86_400))
+@click.option("--node", default="", help="Node to change (default: every node).")
+@click.option("--job", default="", help="Only exporters of this job.")
+@click.pass_context
+@friendly_errors
+def set_interval(ctx: click.Context, source: str, seconds: float, node: str, job: str) -> None:
+    """Change a source's sampling interval on running exporters."""
+    cmd = Command(
+        command_id=uuid.uuid4().hex,
+        ts_ms=now_ms(),
+        kind=CommandKind.SET_INTERVAL,
+        node=node,
+        job=job,
+        args={"source": source, "interval_s": seconds},
+    )
+    _send_command(ctx, cmd)
+
+
+COMMANDS: list[click.Command] = [exporter, capture_stacks, set_interval]
