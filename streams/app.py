@@ -48,7 +48,7 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
         # own internal topics.
         topic_allow_declare=False,
         topic_disable_leader=True,
-        consumer_auto_offset_reset="earliest",
+        consumer_auto_offset_reset=cfg.auto_offset_reset,
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=cfg.heartbeat_interval_s,
         broker_commit_every=500,
@@ -113,8 +113,12 @@ def _register_lag(ctx: WorkerContext) -> None:
             high = consumer.highwater(tp)
             if high is None:
                 continue
-            pos = ctx.positions.get((tp.topic, tp.partition))
-            behind = high - (pos + 1) if pos is not None else high
+            key = (tp.topic, tp.partition)
+            pos = ctx.positions.get(key)
+            if pos is None:
+                # Nothing processed from this partition yet: what arrived since we first saw it.
+                pos = ctx.first_highwater.setdefault(key, high) - 1
+            behind = high - (pos + 1)
             per_topic[tp.topic] = per_topic.get(tp.topic, 0) + max(behind, 0)
         for topic, lag in per_topic.items():
             ctx.metrics.set_lag(topic, lag)

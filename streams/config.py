@@ -39,6 +39,8 @@ class WorkerConfig:
     """One stream worker; several workers with the same ``app_id`` share the partitions."""
 
     app_id: str = "trainguard-worker"
+    #: where a new consumer group starts: "earliest" (process the retained history) or "latest".
+    auto_offset_reset: str = "earliest"
     #: web server for /metrics and /healthz (Prometheus); 0 disables it.
     web_port: int = field(default=6066, metadata=rng(0, 65535))
     web_host: str = "127.0.0.1"
@@ -59,3 +61,7 @@ class WorkerConfig:
     anomaly_detector: str = "ewma_zscore"
     #: a node whose anomaly score exceeds this is reported (informational detection).
     anomaly_threshold: float = field(default=8.0, metadata=rng(0, 1e9))
+
+    def __post_init__(self) -> None:
+        if self.auto_offset_reset not in ("earliest", "latest"):
+            raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")

@@ -38,6 +38,8 @@ class WorkerContext:
     started_at: float = field(default_factory=time.time)
     #: (topic, partition) -> last processed offset, for the lag gauge.
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: (topic, partition) -> high watermark when first measured (baseline before any progress).
+    first_highwater: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def faust_topic(self, t: Topic) -> Any:
         if t.name not in self.topics:
