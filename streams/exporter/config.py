@@ -122,7 +122,7 @@ class ReporterConfig:
     enabled: bool = True
     interval_s: float = field(default=0.5, metadata=_INTERVAL)
     socket: str = "/run/trainguard/reporter.sock"
-    #: most datagrams taken per round (bounds one round's work).
+    #: most events held between rounds (beyond: dropped and counted).
     max_per_round: int = field(default=100_000, metadata=rng(1, 10_000_000))
 
 

@@ -98,7 +98,9 @@ class Delivery:
     def _connect(self) -> EventProducer | None:
         if self._producer is None:
             # kafka-python insists on delivery_timeout_ms >= linger_ms + request_timeout_ms.
-            request_timeout = min(self.kafka.request_timeout_ms, self.cfg.delivery_timeout_ms - self.cfg.linger_ms - 1)
+            request_timeout = min(
+                self.kafka.request_timeout_ms, self.cfg.delivery_timeout_ms - self.cfg.linger_ms - 1
+            )
             kafka = dataclasses.replace(self.kafka, request_timeout_ms=max(100, request_timeout))
             try:
                 self._producer = EventProducer(
@@ -144,38 +146,56 @@ class Delivery:
                 self._stop.wait(backoff)
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
 
+    def _reset(self) -> None:
+        """Drop the producer: after an expired batch an idempotent kafka-python producer can stay
+        wedged (seen here against Kafka 4.1), so the next round starts a fresh one."""
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout_s=0.5)
+            except Exception as exc:
+                log.debug("closing producer: %s", exc)
+            self._producer = None
+
     def _deliver(self, producer: EventProducer, path: Path) -> bool:
-        """Send one segment until every record is acknowledged (True) or we must stop (False)."""
+        """Send one segment until every record is acknowledged (True), or give up for now (False):
+        on a failed send (the unacknowledged rest is kept, the producer reset) or when stopping."""
         recs = self.spool.read(path)
         futures: dict[int, Any] = {}
         acked: set[int] = set()
+        last_progress = time.monotonic()
+        stuck_after_s = self.cfg.delivery_timeout_ms / 1000 + 5
         while True:
             for i, rec in enumerate(recs):
-                if i in acked or (i in futures and not futures[i].failed()):
+                if i in acked or i in futures:
                     continue
-                if i in futures:
-                    self.send_errors += 1
-                    self._error(futures[i].exception)
                 try:
                     futures[i] = producer.send_raw(rec.topic, rec.value, key=rec.key)
                 except Exception as exc:  # metadata timeout (broker away), buffer full
-                    futures.pop(i, None)
                     self._error(exc)
                     break
             # A flush timeout only means not everything is acknowledged yet: see the futures below.
             with contextlib.suppress(BusError):
                 producer.flush(timeout_s=FLUSH_WAIT_S)
+            failed = None
             for i, fut in futures.items():
-                if i not in acked and fut.succeeded():
+                if i in acked or not fut.is_done:
+                    continue
+                if fut.succeeded():
                     acked.add(i)
                     self.delivered += 1
                     self.last_ack_ms = now_ms()
+                    last_progress = time.monotonic()
+                else:
+                    failed = fut.exception
             if len(acked) == len(recs):
                 self.spool.remove(path)
                 self.connected, self.last_error = True, ""
                 return True
-            if self._give_up():
+            stuck = time.monotonic() - last_progress > stuck_after_s
+            if failed is not None or stuck or self._give_up() or len(futures) < len(recs):
+                if failed is not None or stuck:
+                    self.send_errors += 1
+                    self._error(failed if failed is not None else "no acknowledgement: producer stuck")
+                    self._reset()
                 self.spool.rewrite(path, [r for i, r in enumerate(recs) if i not in acked])
                 return False
-            if not futures or all(f.failed() for i, f in futures.items() if i not in acked):
-                return False  # nothing in flight: back off before trying again

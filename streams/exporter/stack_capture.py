@@ -139,10 +139,15 @@ class StackCapturer:
             return [], str(exc)
         if self.cfg.native:
             cmd.append("--native")
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=self.cfg.timeout_s)
-        except subprocess.TimeoutExpired:
-            return [], f"py-spy timed out after {self.cfg.timeout_s} s"
+        for attempt in range(2):
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=self.cfg.timeout_s)
+            except subprocess.TimeoutExpired:
+                return [], f"py-spy timed out after {self.cfg.timeout_s} s"
+            # A sample can fail transiently (threads starting/exiting while py-spy reads them):
+            # try once more while the process is still there.
+            if res.returncode == 0 or attempt or not Path(f"/proc/{pid}").exists():
+                break
         if res.returncode != 0:
             return [], (res.stderr or res.stdout).strip()[-4000:] or f"py-spy exited {res.returncode}"
         try:

@@ -19,7 +19,9 @@ class TopicReader:
         from kafka import KafkaConsumer, TopicPartition
 
         self.consumer: Any = KafkaConsumer(**cfg.client_kwargs(), enable_auto_commit=False)
-        parts = [TopicPartition(t, p) for t in topics for p in sorted(self.consumer.partitions_for_topic(t) or [])]
+        parts = [
+            TopicPartition(t, p) for t in topics for p in sorted(self.consumer.partitions_for_topic(t) or [])
+        ]
         self.consumer.assign(parts)
         if from_beginning:
             self.consumer.seek_to_beginning(*parts)

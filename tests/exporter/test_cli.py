@@ -16,10 +16,25 @@ def test_commands_exposed() -> None:
 
 def test_once_print_on_fixture_root(root: Path, tmp_path: Path) -> None:
     args = [
-        "--node", "n1", "--job", "j1", "--root", str(root), "--kernel-log", str(root / "var/log/kern.log"),
-        "--socket", str(tmp_path / "r.sock"), "--cmd-pattern", "train.py", "--simulate-gpus", "8",
-        "--state-dir", str(tmp_path / "never-written"), "--once", "--print",
-    ]  # fmt: skip
+        "--node",
+        "n1",
+        "--job",
+        "j1",
+        "--root",
+        str(root),
+        "--kernel-log",
+        str(root / "var/log/kern.log"),
+        "--socket",
+        str(tmp_path / "r.sock"),
+        "--cmd-pattern",
+        "train.py",
+        "--simulate-gpus",
+        "8",
+        "--state-dir",
+        str(tmp_path / "never-written"),
+        "--once",
+        "--print",
+    ]
     res = CliRunner().invoke(exporter, args, obj={})
     assert res.exit_code == 0, res.output
     events = [json.loads(line) for line in res.output.splitlines()]
@@ -36,7 +51,17 @@ def test_disable_and_interval_flags(root: Path, tmp_path: Path) -> None:
     base = ["--root", str(root), "--socket", str(tmp_path / "s.sock"), "--once", "--print"]
     res = CliRunner().invoke(
         exporter,
-        [*base, "--disable", "nvml", "--disable", "kernel_log", "--disable", "process", "--interval", "nic=5"],
+        [
+            *base,
+            "--disable",
+            "nvml",
+            "--disable",
+            "kernel_log",
+            "--disable",
+            "process",
+            "--interval",
+            "nic=5",
+        ],
         obj={},
     )
     assert res.exit_code == 0, res.output

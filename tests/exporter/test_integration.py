@@ -36,10 +36,15 @@ def _wait(pred, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def
 def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path, tmp_path: Path) -> None:
     node = f"it-{uuid.uuid4().hex[:8]}"
     cfg = make_cfg(
-        root, tmp_path / "state", node=node,
-        nic={"interval_s": 0.2}, kernel_log={"interval_s": 0.2}, host={"interval_s": 5}, heartbeat={"interval_s": 1},
+        root,
+        tmp_path / "state",
+        node=node,
+        nic={"interval_s": 0.2},
+        kernel_log={"interval_s": 0.2},
+        host={"interval_s": 5},
+        heartbeat={"interval_s": 1},
         process={"enabled": False},
-    )  # fmt: skip
+    )
     reader = TopicReader(stack_settings.kafka, [LOGS.name, NIC.name])
     service = ExporterService(cfg, stack_settings.kafka)
     service.start()
@@ -64,7 +69,9 @@ def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path,
         assert seen(later)
         (xid,) = [e for e in later if isinstance(e, LogLine) and e.line == XID]
         assert xid.job == "job-t" and xid.source == "kernel"
-        eth0 = next(e for e in later if isinstance(e, NicSampleBatch) and e.nics[0].operstate == "down").nics[0]
+        eth0 = next(e for e in later if isinstance(e, NicSampleBatch) and e.nics[0].operstate == "down").nics[
+            0
+        ]
         assert (eth0.name, eth0.carrier) == ("eth0", None)
         # the fixture's 18 interesting lines went out too, each exactly once
         lines = [e for e in first + later if isinstance(e, LogLine)]
@@ -72,22 +79,34 @@ def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path,
         # runtime interval change through the command topic
         producer = EventProducer(stack_settings.kafka)
         cmd = Command(
-            command_id=uuid.uuid4().hex, ts_ms=now_ms(), kind=CommandKind.SET_INTERVAL, node=node,
+            command_id=uuid.uuid4().hex,
+            ts_ms=now_ms(),
+            kind=CommandKind.SET_INTERVAL,
+            node=node,
             args={"source": "host", "interval_s": 0.25},
-        )  # fmt: skip
+        )
         bad = Command(
-            command_id=uuid.uuid4().hex, ts_ms=now_ms(), kind=CommandKind.SET_INTERVAL, node=node,
+            command_id=uuid.uuid4().hex,
+            ts_ms=now_ms(),
+            kind=CommandKind.SET_INTERVAL,
+            node=node,
             args={"source": "gpus", "interval_s": 1},
-        )  # fmt: skip
+        )
         other = Command(
-            command_id=uuid.uuid4().hex, ts_ms=now_ms(), kind=CommandKind.SET_INTERVAL, node="another-node",
+            command_id=uuid.uuid4().hex,
+            ts_ms=now_ms(),
+            kind=CommandKind.SET_INTERVAL,
+            node="another-node",
             args={"source": "host", "interval_s": 99},
-        )  # fmt: skip
+        )
         for c in (other, bad, cmd):
             producer.send(c, COMMANDS).get(timeout=30)
         producer.close()
         _wait(lambda: service.exporter.intervals["host"] == 0.25)
-        assert (service.commands.errors, service.commands.handled) == (1, 1)  # "gpus" refused, other node skipped
+        assert (service.commands.errors, service.commands.handled) == (
+            1,
+            1,
+        )  # "gpus" refused, other node skipped
     finally:
         service.stop()
         reader.close()
@@ -113,16 +132,24 @@ def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
         server.stop()
 
 
-def test_broker_outage_loses_no_sample(private_kafka: tuple[Settings, KafkaServer], root: Path, tmp_path: Path) -> None:
+def test_broker_outage_loses_no_sample(
+    private_kafka: tuple[Settings, KafkaServer], root: Path, tmp_path: Path
+) -> None:
     settings, server = private_kafka
     node = f"outage-{uuid.uuid4().hex[:8]}"
     cfg = make_cfg(
-        root, tmp_path / "state", node=node,
-        heartbeat={"interval_s": 0.1}, host={"interval_s": 0.2},
-        nic={"enabled": False}, kernel_log={"enabled": False}, process={"enabled": False},
-        reporter={"enabled": False}, commands={"enabled": False},
+        root,
+        tmp_path / "state",
+        node=node,
+        heartbeat={"interval_s": 0.1},
+        host={"interval_s": 0.2},
+        nic={"enabled": False},
+        kernel_log={"enabled": False},
+        process={"enabled": False},
+        reporter={"enabled": False},
+        commands={"enabled": False},
         delivery={"delivery_timeout_ms": 5000, "spool_segment_bytes": 4096},
-    )  # fmt: skip
+    )
     service = ExporterService(cfg, settings.kafka)
     service.start()
     try:

@@ -44,7 +44,12 @@ def test_nic_scan_ethernet_and_infiniband() -> None:
     assert sorted(nics) == ["eth0", "eth1", "mlx5_0/1", "mlx5_1/1"]
     eth0 = nics["eth0"]
     assert (eth0.operstate, eth0.carrier, eth0.carrier_changes) == ("up", True, 2)
-    assert (eth0.rx_bytes, eth0.tx_bytes, eth0.rx_errors, eth0.rx_dropped) == (981273645123, 1234987654, 3, 17)
+    assert (eth0.rx_bytes, eth0.tx_bytes, eth0.rx_errors, eth0.rx_dropped) == (
+        981273645123,
+        1234987654,
+        3,
+        17,
+    )
     eth1 = nics["eth1"]
     # down: no readable carrier, a garbage counter becomes None rather than an error
     assert (eth1.operstate, eth1.carrier, eth1.carrier_changes, eth1.tx_errors) == ("down", None, 7, None)
@@ -176,7 +181,12 @@ def test_nvml_sample_building() -> None:
     s = build_gpu_sample(3, raw)
     assert (s.index, s.temperature_c, s.power_w, s.util_gpu_pct) == (3, 91.0, 700.0, 100.0)
     assert s.throttle_reasons == ["sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown"]
-    assert (s.ecc_volatile_uncorrected, s.remap_failure, s.pcie_replay_count, s.nvlink_errors) == (3, True, 12, 5)
+    assert (s.ecc_volatile_uncorrected, s.remap_failure, s.pcie_replay_count, s.nvlink_errors) == (
+        3,
+        True,
+        12,
+        5,
+    )
     assert s.sm_clock_mhz is None and s.ecc_aggregate_corrected is None  # unsupported stays None
     assert decode_throttle(0) == []
     assert kernel_log.classify_kernel_line(xid_line("00000000:3B:00.0", 79)) == "xid"

@@ -33,8 +33,13 @@ def _collect(src: ReporterSource, n: int, timeout: float = 10.0) -> list:
 def test_steps_with_derived_metrics(root: Path, tmp_path: Path) -> None:
     src = _source(root, tmp_path)
     rep = Reporter(
-        job="", rank=3, socket_path=str(src.path), flops_per_step=2e12, peak_flops=1e13,
-        capture_exceptions=False, capture_sigterm=False,
+        job="",
+        rank=3,
+        socket_path=str(src.path),
+        flops_per_step=2e12,
+        peak_flops=1e13,
+        capture_exceptions=False,
+        capture_sigterm=False,
     )
     rep.step(0, loss=5.0, tokens=4096)
     rep.step(1, loss=4.5, grad_norm=1.25, tokens=4096, step_time_s=0.5)
@@ -56,8 +61,13 @@ def test_steps_with_derived_metrics(root: Path, tmp_path: Path) -> None:
 
 def test_never_blocks_and_counts_drops_without_exporter(tmp_path: Path) -> None:
     rep = Reporter(
-        job="j", rank=0, socket_path=str(tmp_path / "absent.sock"), queue_size=100,
-        capture_exceptions=False, capture_sigterm=False, flush_interval_s=10,
+        job="j",
+        rank=0,
+        socket_path=str(tmp_path / "absent.sock"),
+        queue_size=100,
+        capture_exceptions=False,
+        capture_sigterm=False,
+        flush_interval_s=10,
     )
     t0 = time.perf_counter()
     for i in range(1000):
@@ -73,8 +83,13 @@ def test_never_blocks_and_counts_drops_without_exporter(tmp_path: Path) -> None:
 def test_dropped_count_travels_with_the_next_step(root: Path, tmp_path: Path) -> None:
     src = _source(root, tmp_path)
     rep = Reporter(
-        job="j", rank=0, socket_path=str(src.path), queue_size=2, flush_interval_s=10,
-        capture_exceptions=False, capture_sigterm=False,
+        job="j",
+        rank=0,
+        socket_path=str(src.path),
+        queue_size=2,
+        flush_interval_s=10,
+        capture_exceptions=False,
+        capture_sigterm=False,
     )
     for i in range(5):
         rep.step(i)
@@ -102,14 +117,19 @@ load_batch(7)
 def test_uncaught_exception_is_reported_with_traceback(root: Path, tmp_path: Path) -> None:
     src = _source(root, tmp_path)
     res = subprocess.run(
-        [sys.executable, "-c", CRASHING.format(sock=str(src.path))], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", CRASHING.format(sock=str(src.path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert res.returncode == 1 and "IndexError" in res.stderr  # the original hook still prints
     events = _collect(src, 3)
     (exit_ev,) = [e for e in events if isinstance(e, ProcessExit)]
     assert exit_ev.exit_code == 1 and exit_ev.rank == 1
     assert exit_ev.reason == "uncaught IndexError: batch 7 out of range"
-    assert "load_batch" in exit_ev.traceback and exit_ev.traceback.rstrip().endswith("IndexError: batch 7 out of range")
+    assert "load_batch" in exit_ev.traceback and exit_ev.traceback.rstrip().endswith(
+        "IndexError: batch 7 out of range"
+    )
     (thread_log,) = [e for e in events if isinstance(e, LogLine)]
     assert "prefetch" in thread_log.line and "ZeroDivisionError" in thread_log.line
     src.close()
@@ -140,7 +160,9 @@ def test_garbage_datagrams_are_rejected_not_published(root: Path, tmp_path: Path
     src = _source(root, tmp_path)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     s.sendto(b"\xff\x00 not json", str(src.path))
-    s.sendto(b'{"schema": "heartbeat", "version": 1, "node": "x", "component": "c", "ts_ms": 1}', str(src.path))
+    s.sendto(
+        b'{"schema": "heartbeat", "version": 1, "node": "x", "component": "c", "ts_ms": 1}', str(src.path)
+    )
     s.close()
     time.sleep(0.05)
     assert src.collect() == [] and src.rejected == 2

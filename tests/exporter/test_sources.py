@@ -10,8 +10,8 @@ from schemas.telemetry import GpuSampleBatch, GpuState, Heartbeat, HostSample, N
 from schemas.workload import LogLine, ProcessExit
 from streams.exporter.nvml_sim import SimulatedNvml
 from streams.exporter.runner import Exporter
-from streams.exporter.sources.kernel_log import KernelLogSource
 from streams.exporter.sources.base import SourceContext
+from streams.exporter.sources.kernel_log import KernelLogSource
 from tests.exporter.conftest import make_cfg
 
 
@@ -53,7 +53,11 @@ def test_failing_source_is_reported_and_others_continue(root: Path, tmp_path: Pa
     ex.stop()
     hbs = _by_type(events, Heartbeat)
     health = {s.name: s for s in hbs[-1].sources}
-    assert not health["nic"].ok and health["nic"].error_count == 2 and "FileNotFoundError" in health["nic"].last_error
+    assert (
+        not health["nic"].ok
+        and health["nic"].error_count == 2
+        and "FileNotFoundError" in health["nic"].last_error
+    )
     assert not health["host"].ok and "ValueError" in health["host"].last_error
     assert health["kernel_log"].ok and health["process"].ok
     assert _by_type(events, LogLine) and not _by_type(events, NicSampleBatch)
@@ -62,7 +66,11 @@ def test_failing_source_is_reported_and_others_continue(root: Path, tmp_path: Pa
 def test_nvml_states_lost_unsupported_missing_and_xid(root: Path, tmp_path: Path) -> None:
     sim = SimulatedNvml(4)
     sim.gpus[1].lost = True
-    sim.gpus[2].unsupported = {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetPowerUsage"}
+    sim.gpus[2].unsupported = {
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetPowerUsage",
+    }
     sim.gpus[3].temperature_c, sim.gpus[3].throttle_mask = 93, 0x40
     cfg = make_cfg(root, tmp_path / "s", nvml={"enabled": True, "expect_gpus": 6})
     ex = Exporter(cfg, lambda e: None, nvml=sim, once=True)
@@ -70,7 +78,14 @@ def test_nvml_states_lost_unsupported_missing_and_xid(root: Path, tmp_path: Path
     events = ex.run_source("nvml")
     (batch,) = _by_type(events, GpuSampleBatch)
     states = [g.state for g in batch.gpus]
-    assert states == [GpuState.OK, GpuState.LOST, GpuState.OK, GpuState.OK, GpuState.UNAVAILABLE, GpuState.UNAVAILABLE]
+    assert states == [
+        GpuState.OK,
+        GpuState.LOST,
+        GpuState.OK,
+        GpuState.OK,
+        GpuState.UNAVAILABLE,
+        GpuState.UNAVAILABLE,
+    ]
     assert "lost" in batch.gpus[1].error.lower()
     g2 = batch.gpus[2]
     assert (g2.remap_pending, g2.nvlink_errors, g2.power_w) == (None, None, None) and g2.temperature_c == 62.0
@@ -87,7 +102,9 @@ def test_nvml_without_driver_is_a_state(root: Path, tmp_path: Path) -> None:
     ex = Exporter(cfg, lambda e: None, nvml=SimulatedNvml(2, driver_loaded=False), once=True)
     (batch,) = ex.run_source("nvml")
     assert isinstance(batch, GpuSampleBatch)
-    assert [g.state for g in batch.gpus] == [GpuState.NO_DRIVER] * 2 and "Driver Not Loaded" in batch.gpus[0].error
+    assert [g.state for g in batch.gpus] == [GpuState.NO_DRIVER] * 2 and "Driver Not Loaded" in batch.gpus[
+        0
+    ].error
     ex.stop()
 
 

@@ -23,6 +23,6 @@ FAST_ENV = {
 @pytest.fixture(scope="module")
 def worker(stack_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     log = Path(tmp_path_factory.mktemp("worker")) / "worker.log"
-    w = WorkerProcess(unique("tg-test"), 16190, log, FAST_ENV).start()
+    w = WorkerProcess(unique("tg-test"), 16190, log, FAST_ENV, stack_settings).start()
     yield w
     w.stop()

@@ -23,18 +23,29 @@ from infra.bus import EventProducer
 from infra.config import Settings
 from schemas.base import Event
 from schemas.codec import DecodeError, decode
+from schemas.control import Decision
 from schemas.topics import Topic
 
 
 class WorkerProcess:
     """``trainguard worker`` as a subprocess with its own app id, web port and settings."""
 
-    def __init__(self, app_id: str, web_port: int, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        app_id: str,
+        web_port: int,
+        log: Path,
+        env: dict[str, str] | None = None,
+        settings: Settings | None = None,
+    ) -> None:
         self.app_id, self.web_port, self.log = app_id, web_port, log
-        self.env = {**os.environ, **(env or {})}
+        # A new group starts at the end of the topics: the stack's history (earlier tests) is not
+        # this worker's business.  A group with committed offsets (failover) resumes from them.
+        self.env = {**os.environ, "TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "latest", **(env or {})}
+        self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> WorkerProcess:
+    def start(self, timeout_s: float = 150.0) -> WorkerProcess:
         exe = Path(sys.executable).with_name("trainguard")
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -53,16 +64,47 @@ class WorkerProcess:
                 env=self.env,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"worker exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
                 )
             if self.healthz() is not None:
-                return self
+                break
             time.sleep(0.3)
-        raise RuntimeError(f"worker not up after 60 s:\n{self.log.read_text()[-3000:]}")
+        else:
+            raise RuntimeError(f"worker not up after {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+        if self.settings is not None:
+            self._wait_until_consuming(self.settings, deadline)
+        return self
+
+    def _wait_until_consuming(self, settings: Settings, deadline: float) -> None:
+        """Probe with an Xid line until its decision comes back: the group has joined and consumes."""
+        from schemas.base import now_ms
+        from schemas.topics import DECISIONS
+        from schemas.workload import LogLine
+
+        watcher = Watcher(settings, DECISIONS)
+        line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+        try:
+            while time.monotonic() < deadline:
+                node = unique("probe")
+                send(settings, LogLine(node=node, ts_ms=now_ms(), source="kernel", line=line, job="probe"))
+
+                def answered(e: Event, node: str = node) -> bool:
+                    return isinstance(e, Decision) and e.job == "probe" and node in e.targets.machines
+
+                try:
+                    watcher.wait_for(answered, 3.0)
+                    return
+                except AssertionError:
+                    continue
+            raise RuntimeError(
+                f"worker {self.app_id} never consumed a probe:\n{self.log.read_text()[-3000:]}"
+            )
+        finally:
+            watcher.close()
 
     def healthz(self) -> dict[str, Any] | None:
         try:

@@ -29,7 +29,11 @@ def test_sigkill_mid_stream_then_a_new_worker_loses_no_decision(
     app_id, job = unique("tg-failover"), unique("failover")
     nodes = [f"{job}-n{i:03d}" for i in range(150)]
     watcher = Watcher(stack_settings, DECISIONS)
-    first = WorkerProcess(app_id, 16191, tmp_path / "w1.log").start()
+    # Production's default: a group without committed offsets starts from the earliest record, so a
+    # partition the first worker never committed is replayed, not skipped.
+    env = {"TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "earliest"}
+    first = WorkerProcess(app_id, 16191, tmp_path / "w1.log", env, stack_settings).start()
+    second = WorkerProcess(app_id, 16192, tmp_path / "w2.log", env)
     stop = threading.Event()
 
     def produce() -> None:  # a steady stream of machine faults, one machine each
@@ -43,21 +47,21 @@ def test_sigkill_mid_stream_then_a_new_worker_loses_no_decision(
             time.sleep(0.02)
 
     producer = threading.Thread(target=produce)
-    producer.start()
-    watcher.wait_for(lambda e: isinstance(e, Decision) and e.job == job, 30)
-    first.kill()  # SIGKILL: no clean shutdown, no final commit
-    producer.join(60)
-    second = WorkerProcess(app_id, 16192, tmp_path / "w2.log").start()
     try:
-        deadline = time.monotonic() + 90
+        producer.start()
+        watcher.wait_for(lambda e: isinstance(e, Decision) and e.job == job, 30)
+        first.kill()  # SIGKILL: no clean shutdown, no final commit
+        producer.join(60)
+        second.start()
+        deadline = time.monotonic() + 180
         evicted: set[str] = set()
         while time.monotonic() < deadline and len(evicted) < len(nodes):
             evicted = {
                 m
                 for e in watcher.all(lambda e: isinstance(e, Decision) and e.job == job)
+                if isinstance(e, Decision) and e.action is Action.EVICT
                 for m in e.targets.machines
-                if e.action is Action.EVICT
-            }  # type: ignore[attr-defined]
+            }
             time.sleep(0.5)
         assert evicted == set(nodes)
         st = ClickHouseStore(stack_settings.clickhouse)
@@ -68,6 +72,8 @@ def test_sigkill_mid_stream_then_a_new_worker_loses_no_decision(
         assert st.count("decisions", "job = %(j)s", {"j": job}) == len(nodes)
     finally:
         stop.set()
+        producer.join(60)
+        first.kill()
         second.stop()
         watcher.close()
 
@@ -86,7 +92,7 @@ def test_clickhouse_down_for_a_while_loses_no_row(stack_settings: Settings, tmp_
         "TRAINGUARD__WORKER__SINK__RETRY_BACKOFF_MAX_S": "1",
         "TRAINGUARD__WORKER__SINK__MAX_WAIT_S": "0.2",
     }
-    w = WorkerProcess(unique("tg-chdown"), 16193, tmp_path / "w.log", env).start()
+    w = WorkerProcess(unique("tg-chdown"), 16193, tmp_path / "w.log", env, stack_settings).start()
     job = unique("chdown")
     try:
         server.stop()

@@ -1,0 +1,91 @@
+"""Settings of the action service (`trainguard actions`): the ``actions`` section of the config
+file and ``TRAINGUARD__ACTIONS__*`` variables.  One dataclass; unknown keys are errors.
+
+The executor's own options live in ``executor_options`` and are validated by the config class the
+executor registered (:mod:`actions.executors.base`), so a Kubernetes or Slurm executor adds its
+settings without touching this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.typecheck import rng
+
+#: the stop-time tests a local executor can run (:mod:`actions.diagnostics`).
+KNOWN_TESTS = ("alignment", "connectivity")
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """Retries, backoff and timeout of one recovery step (kopf-style handler settings)."""
+
+    #: attempts after the first one for TemporaryError (or an unexpected exception).
+    retries: int = field(default=3, metadata=rng(0, 100))
+    #: first wait between attempts; doubles each time up to ``backoff_max_s``.
+    backoff_s: float = field(default=1.0, metadata=rng(0, 3600))
+    backoff_max_s: float = field(default=30.0, metadata=rng(0, 86_400))
+    #: each executor call gets this deadline; executors must honour it (threads cannot be killed).
+    timeout_s: float = field(default=600.0, metadata=rng(0.1, 86_400))
+
+
+@dataclass(frozen=True)
+class ActionsConfig:
+    """The action service: consumer group, state, safety limits, standbys, diagnostics, executor."""
+
+    #: Kafka consumer group on the decisions topic (several services with one group share jobs).
+    group_id: str = "trainguard-actions"
+    #: only act on these jobs (empty: every job).  Lets tests and shards share a broker.
+    jobs: list[str] = field(default_factory=list)
+    #: where the progress store (SQLite) lives; empty: ``<stack home>/actions``.
+    state_dir: str = ""
+    #: executor plugin name (``dry_run``; ``local``, ``kubernetes``, ``slurm`` register themselves).
+    executor: str = "dry_run"
+    #: the executor's settings, validated by the executor's registered config class.
+    executor_options: dict[str, Any] = field(default_factory=dict)
+    #: how long to wait for a job's JobSpec to show up on the jobs topic before failing.
+    spec_wait_s: float = field(default=30.0, metadata=rng(0, 3600))
+    #: main loop poll interval (also how often held/forced-update checks run).
+    poll_interval_s: float = field(default=0.5, metadata=rng(0.01, 60))
+
+    # --- safety ------------------------------------------------------------------------------
+    #: blast-radius guard: machines one job may lose per rolling hour; more waits for an operator.
+    max_evictions_per_job_hour: int = field(default=8, metadata=rng(0, 1_000_000))
+    #: the same across every job this service manages.
+    max_evictions_per_hour: int = field(default=32, metadata=rng(0, 1_000_000))
+    #: restart budget: restarts of one job within ``restart_window_s``; more is a live-lock.
+    max_restarts: int = field(default=6, metadata=rng(0, 1_000_000))
+    restart_window_s: float = field(default=3600.0, metadata=rng(1, 30 * 86_400))
+
+    # --- escalation (ByteRobust §4.2: diagnose -> reattempt -> rollback -> dual-phase replay) --
+    #: a crash within this long after a finished recovery counts as "it fails again".
+    escalation_window_s: float = field(default=1800.0, metadata=rng(0, 30 * 86_400))
+    #: stop-time tests run for a crash or NaN without a culprit.
+    diagnostics: list[str] = field(default_factory=lambda: list(KNOWN_TESTS))
+    #: dual-phase replay group factor k (m = k * PP, n = DP / k, m <= n).
+    replay_k: int = field(default=1, metadata=rng(1, 1 << 16))
+
+    # --- warm standbys (§6.2) -----------------------------------------------------------------
+    #: per-machine daily failure probability for the binomial P99 pool size.
+    standby_p_daily: float = field(default=1.2e-3, metadata=rng(0, 1))
+    standby_quantile: float = field(default=0.99, metadata=rng(0.5, 0.999999))
+    #: pool size floor (the binomial rule gives 0 or 1 for small jobs; a demo wants one ready).
+    min_standbys: int = field(default=1, metadata=rng(0, 10_000))
+
+    # --- code updates (§6.1) --------------------------------------------------------------------
+    #: a non-urgent update waits for the next recovery, but at most this long.
+    lazy_update_max_wait_s: float = field(default=24 * 3600.0, metadata=rng(0, 365 * 86_400))
+
+    # --- per-step retries/backoff/timeouts ------------------------------------------------------
+    step: StepPolicy = field(default_factory=StepPolicy)
+    #: overrides per step kind (e.g. ``diagnose: {timeout_s: 120}``).
+    steps: dict[str, StepPolicy] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.diagnostics) - set(KNOWN_TESTS))
+        if unknown:
+            raise ValueError(f"diagnostics: unknown test(s) {unknown}; known: {list(KNOWN_TESTS)}")
+
+    def policy(self, kind: str) -> StepPolicy:
+        return self.steps.get(kind, self.step)

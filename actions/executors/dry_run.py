@@ -1,0 +1,158 @@
+"""The dry-run executor: records what it would do, acts on nothing.
+
+Every call is appended as one JSON line to ``record_file`` (default
+``<state dir>/dry_run.jsonl``) and the executor's view of the cluster (evicted machines, standbys
+provisioned so far, code version) is rebuilt from that file on start, so a dry run survives a
+service restart like a real cluster would: evicting an already evicted machine is recorded as a
+no-op.  Options simulate the world for tests and rehearsals: step delays, machines failing
+stop-time tests, a silently corrupting (SDC) machine for replays, transient and permanent errors.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actions.errors import PermanentError, TemporaryError
+from actions.executors.base import DiagnosticResult, ExecutorEnv, StepContext, register_executor
+from schemas.base import now_ms
+from schemas.control import JobSpec
+from schemas.typecheck import rng
+
+
+@dataclass(frozen=True)
+class DryRunConfig:
+    """Settings of the dry-run executor (``actions.executor_options`` when ``executor: dry_run``)."""
+
+    #: JSON-lines record of every call; empty: ``<state dir>/dry_run.jsonl``.
+    record_file: str = ""
+    #: seconds each call sleeps, by method name (``evict: 2``), e.g. to kill the service mid-step.
+    delays: dict[str, float] = field(default_factory=dict)
+    #: test name -> machines that fail it (``alignment: [node-2]``).
+    failing_tests: dict[str, list[str]] = field(default_factory=dict)
+    #: machines whose replay groups fail (silent data corruption).
+    sdc_machines: list[str] = field(default_factory=list)
+    #: method name -> number of TemporaryErrors raised before the call succeeds.
+    transient_errors: dict[str, int] = field(default_factory=dict)
+    #: methods that always raise PermanentError.
+    permanent_errors: list[str] = field(default_factory=list)
+    #: name prefix of provisioned standbys.
+    standby_prefix: str = "standby"
+    #: simulated time a new standby needs for its self-check before it is ready.
+    provision_s: float = field(default=0.0, metadata=rng(0, 3600))
+
+
+class DryRunExecutor:
+    """Records calls in a JSON-lines file; see the module docstring."""
+
+    name = "dry_run"
+
+    def __init__(self, cfg: DryRunConfig, env: ExecutorEnv) -> None:
+        self.cfg = cfg
+        self.path = Path(cfg.record_file) if cfg.record_file else env.state_dir / "dry_run.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._failures_left = dict(cfg.transient_errors)
+        self.evicted: set[str] = set()
+        self.provisioned = 0
+        for rec in self.records():
+            if rec["call"] == "evict":
+                self.evicted.update(rec["args"]["machines"])
+            elif rec["call"] == "provision_standbys":
+                self.provisioned += len(rec["result"])
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every call recorded so far (also by earlier processes)."""
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def _call(self, call: str, job: str, ctx: StepContext, args: dict[str, Any], result: Any = None) -> None:
+        if call in self.cfg.permanent_errors:
+            raise PermanentError(f"dry run: {call} configured to fail permanently")
+        if self._failures_left.get(call, 0) > 0:
+            self._failures_left[call] -= 1
+            raise TemporaryError(f"dry run: {call} configured to fail transiently", delay=0.05)
+        delay = self.cfg.delays.get(call, 0.0)
+        if delay:
+            time.sleep(min(delay, ctx.remaining()))
+        line = {
+            "ts_ms": now_ms(),
+            "call": call,
+            "job": job,
+            "op_id": ctx.op_id,
+            "decision_id": ctx.decision_id,
+            "attempt": ctx.attempt,
+            "args": args,
+            "result": result,
+        }
+        with self._lock, self.path.open("a") as fh:
+            fh.write(json.dumps(line) + "\n")
+            fh.flush()
+
+    def stop(self, spec: JobSpec, ctx: StepContext) -> None:
+        self._call("stop", spec.job, ctx, {"machines": spec.topology.machines})
+
+    def evict(self, spec: JobSpec, machines: list[str], ctx: StepContext) -> None:
+        fresh = [m for m in machines if m not in self.evicted]
+        self._call("evict", spec.job, ctx, {"machines": fresh, "noop": not fresh, "asked": machines})
+        self.evicted.update(machines)
+
+    def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
+        for rec in self.records():  # a re-run step (after a crash) gets the standbys it already made
+            if rec["call"] == "provision_standbys" and rec["op_id"] == ctx.op_id:
+                return list(rec["result"])
+        names = [f"{self.cfg.standby_prefix}-{self.provisioned + i}" for i in range(count)]
+        if self.cfg.provision_s:
+            time.sleep(min(self.cfg.provision_s, ctx.remaining()))
+        self._call("provision_standbys", job, ctx, {"count": count}, names)
+        self.provisioned += count
+        return names
+
+    def activate_standbys(
+        self, spec: JobSpec, standbys: list[str], replaces: list[str], ctx: StepContext
+    ) -> None:
+        self._call("activate_standbys", spec.job, ctx, {"standbys": standbys, "replaces": replaces})
+
+    def restart(self, spec: JobSpec, ctx: StepContext) -> None:
+        self._call("restart", spec.job, ctx, {"machines": spec.topology.machines})
+
+    def hot_update(self, spec: JobSpec, version: str, ctx: StepContext) -> None:
+        self._call("hot_update", spec.job, ctx, {"version": version})
+
+    def run_diagnostics(
+        self, spec: JobSpec, machines: list[str], tests: list[str], ctx: StepContext
+    ) -> list[DiagnosticResult]:
+        out = [
+            DiagnosticResult(
+                machine=m,
+                test=t,
+                passed=m not in self.cfg.failing_tests.get(t, []),
+                detail="simulated",
+            )
+            for m in machines
+            for t in tests
+        ]
+        self._call(
+            "run_diagnostics",
+            spec.job,
+            ctx,
+            {"machines": machines, "tests": tests},
+            [r.machine for r in out if not r.passed],
+        )
+        return out
+
+    def run_replay(self, spec: JobSpec, groups: list[list[str]], ctx: StepContext) -> list[bool]:
+        ok = [not (set(g) & set(self.cfg.sdc_machines)) for g in groups]
+        self._call("run_replay", spec.job, ctx, {"groups": groups}, ok)
+        return ok
+
+    def close(self) -> None:
+        pass
+
+
+register_executor("dry_run", DryRunConfig, DryRunExecutor)

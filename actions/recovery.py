@@ -1,0 +1,392 @@
+"""Runs one recovery to its end: plan, guard, execute each step with retries, record, announce.
+
+The loop is *plan -> first step without a recorded result -> run it -> record it -> re-plan*.
+Because the plan is a pure function of stored inputs (:mod:`actions.plans`), a recovery
+interrupted by a crash resumes at the step that was in flight (executors are idempotent), and a
+finished step is never run twice.  Each step emits ``started`` and ``succeeded``/``failed``
+action events with deterministic ids (redelivered events collapse in ClickHouse); a step's
+``succeeded`` event is re-sent on resume if the crash came between recording and sending it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from actions import guard
+from actions.config import ActionsConfig
+from actions.errors import PermanentError, TemporaryError
+from actions.executors.base import Executor, StepContext
+from actions.plans import STATE_OF, CodeUpdate, Plan, PlanContext, Step, StepKind, build_plan, code_update_of
+from actions.progress import ProgressStore, Recovery
+from actions.standby import machine_names, pool_target, refilled, swapped
+from actions.state import RecoveryState
+from schemas.base import now_ms
+from schemas.control import ActionEvent, ActionPhase, JobSpec, Targets, stable_id
+from schemas.enums import Action
+from schemas.typecheck import from_mapping, to_plain
+
+log = logging.getLogger(__name__)
+S = RecoveryState
+
+
+class Publisher(Protocol):
+    """Where the runner's events go (Kafka in the service)."""
+
+    def action(self, event: ActionEvent) -> None:
+        """Send an action event (raise on failure; the runner logs and carries on)."""
+
+    def job_spec(self, spec: JobSpec) -> None:
+        """Send a job spec and wait for the broker's acknowledgement (raise on failure)."""
+
+
+class RecoveryRunner:
+    def __init__(
+        self,
+        cfg: ActionsConfig,
+        store: ProgressStore,
+        executor: Executor,
+        publisher: Publisher,
+        spec_of: Callable[[str], JobSpec | None],
+        stop: threading.Event | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.cfg, self.store, self.executor, self.publisher = cfg, store, executor, publisher
+        self.spec_of = spec_of
+        self.stop = stop or threading.Event()
+        self.clock = clock
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def _emit(
+        self,
+        rec: Recovery,
+        step: str,
+        phase: ActionPhase,
+        *,
+        attempt: int = 0,
+        duration_ms: float = 0.0,
+        detail: str = "",
+        machines: tuple[str, ...] | list[str] = (),
+    ) -> bool:
+        d = rec.decision
+        ev = ActionEvent(
+            event_id=stable_id(d.decision_id, step, phase.value, attempt),
+            decision_id=d.decision_id,
+            ts_ms=self.clock(),
+            job=d.job,
+            step=step,
+            phase=phase,
+            action=d.action,
+            duration_ms=max(0.0, duration_ms),
+            detail=detail[:60_000],
+            targets=Targets(machines=list(machines), ranks=[], group_kind=d.targets.group_kind),
+        )
+        try:
+            self.publisher.action(ev)
+            return True
+        except Exception as exc:  # Kafka down must not stop a recovery; events are re-sent on resume
+            log.warning("could not publish action event %s/%s: %s", step, phase.value, exc)
+            return False
+
+    # --- entry point -----------------------------------------------------------------------------
+
+    def run(self, decision_id: str) -> Recovery:
+        """Drive the recovery as far as it can go now (to its end, a hold, or a stop request)."""
+        rec = self.store.get(decision_id)
+        if rec is None:
+            raise KeyError(f"no recovery {decision_id}")
+        if rec.state.terminal or rec.state is S.HELD:
+            return rec
+        if rec.context is None:
+            rec = self._start(rec)
+            if rec.state.terminal or rec.state is S.HELD:
+                return rec
+        self._announce_done_steps(rec)
+        while not self.stop.is_set():
+            assert rec.context is not None
+            results = self.store.step_results(decision_id)
+            plan = build_plan(rec.decision, PlanContext.from_json(rec.context["plan"]), results)
+            if plan.hold:
+                return self._hold(rec, plan.hold, "plan")
+            step = next((s for s in plan.steps if s.key not in results), None)
+            if step is None:
+                if not plan.complete:  # a branching step's result is missing: a bug, not a fault
+                    return self._fail(rec, f"plan {plan.path} is incomplete after all its steps")
+                return self._finish(rec, plan)
+            state = STATE_OF[step.kind]
+            if state is not rec.state and state is not S.PENDING:
+                rec = self.store.transition(decision_id, state)
+            if step.kind is StepKind.EVICT and StepKind.EVICT.value not in rec.released:
+                reason = guard.eviction_hold(self.cfg, self.store, rec.job, list(step.machines), self.clock())
+                if reason:
+                    return self._hold(rec, reason, step.key)
+            error = self._run_step(rec, step, results)
+            if error:
+                return self._fail(rec, f"step {step.key} failed: {error}")
+            rec = self.store.get(decision_id) or rec
+        return rec
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def _start(self, rec: Recovery) -> Recovery:
+        d, now = rec.decision, self.clock()
+        merged_into = self._running_when_accepted(rec)
+        if merged_into is not None and (
+            d.action is Action.DIAGNOSE or (d.action is Action.RESTART and code_update_of(d) is None)
+        ):
+            # The running recovery stopped and restarted the whole job: this crash report is most
+            # likely the stop itself, and escalating on it would roll back healthy code.
+            return self._end(
+                rec, S.SUPERSEDED, f"arrived while recovery {merged_into} of the job was running"
+            )
+        update = code_update_of(d)
+        if update is not None and update.previous:
+            self.store.record_baseline(rec.job, update.previous, d.decision_id, now)
+        spec = self._wait_for_spec(rec.job)
+        if spec is None:
+            return self._end(rec, S.FAILED, f"no JobSpec for job {rec.job} on the jobs topic")
+        ctx = self._context(rec, spec, update)
+        context = {"plan": ctx.to_json(), "spec": to_plain(spec)}
+        plan = build_plan(d, ctx, {})
+        if plan.path in ("ignored", "superseded"):
+            state = S.IGNORED if plan.path == "ignored" else S.SUPERSEDED
+            return self._end(rec, state, str(plan.detail.get("why", "")), context=context, path=plan.path)
+        rec = self.store.transition(
+            rec.decision_id, rec.state, context=context, started_ms=now, path=plan.path
+        )
+        self._emit(rec, "recovery", ActionPhase.STARTED, detail=f"path={plan.path} level={ctx.level}")
+        if any(s.kind is StepKind.RESTART for s in plan.steps) and plan.steps[0].key not in rec.released:
+            reason = guard.restart_hold(self.cfg, self.store, rec.job, now)
+            if reason:
+                return self._hold(rec, reason, plan.steps[0].key)
+        return rec
+
+    def _running_when_accepted(self, rec: Recovery) -> str | None:
+        for other in reversed(self.store.recoveries(rec.job, limit=20)):
+            if other.seq >= rec.seq or other.started_ms is None:
+                continue
+            during = other.started_ms <= rec.accepted_ms <= (other.finished_ms or rec.accepted_ms)
+            if during and other.state is S.SUCCEEDED and other.path != "queue_update":
+                return other.decision_id
+        return None
+
+    def _wait_for_spec(self, job: str) -> JobSpec | None:
+        deadline = time.monotonic() + self.cfg.spec_wait_s
+        while True:
+            spec = self.spec_of(job)
+            if spec is not None or time.monotonic() >= deadline or self.stop.is_set():
+                return spec
+            time.sleep(0.2)
+
+    def _context(self, rec: Recovery, spec: JobSpec, update: CodeUpdate | None) -> PlanContext:
+        level = 0
+        last = self.store.last_finished(rec.job, rec.seq)
+        window_ms = int(self.cfg.escalation_window_s * 1000)
+        if (
+            last is not None
+            and last.finished_ms is not None
+            and last.next_level is not None
+            and rec.accepted_ms - last.finished_ms <= window_ms
+        ):
+            level = last.next_level
+        stack = self.store.version_stack(rec.job)
+        pending = self.store.pending_updates(rec.job)
+        lazy = pending[-1].version if pending and rec.decision.action is not Action.ROLLBACK else ""
+        if update is not None:
+            lazy = ""  # an operator's update decides the version itself
+        return PlanContext(
+            machines=tuple(machine_names(spec)),
+            pp=spec.topology.pp,
+            level=level,
+            rollback_target=stack[-2] if len(stack) >= 2 else "",
+            pending_update=lazy,
+            tests=tuple(self.cfg.diagnostics),
+            replay_k=self.cfg.replay_k,
+        )
+
+    def _end(self, rec: Recovery, state: RecoveryState, detail: str, **fields: Any) -> Recovery:
+        now = self.clock()
+        rec = self.store.transition(rec.decision_id, state, finished_ms=now, detail=detail, **fields)
+        phase = ActionPhase.FAILED if state is S.FAILED else ActionPhase.SUCCEEDED
+        self._emit(rec, "recovery", phase, detail=f"{state.value}: {detail}")
+        return rec
+
+    def _finish(self, rec: Recovery, plan: Plan) -> Recovery:
+        now = self.clock()
+        rec = self.store.transition(
+            rec.decision_id,
+            S.SUCCEEDED,
+            finished_ms=now,
+            path=plan.path,
+            next_level=plan.next_level,
+            detail=str(plan.detail) if plan.detail else "",
+        )
+        took = now - (rec.started_ms or now)
+        self._emit(rec, "recovery", ActionPhase.SUCCEEDED, duration_ms=took, detail=f"path={plan.path}")
+        log.info("recovery %s of job %s succeeded (%s) in %d ms", rec.decision_id, rec.job, plan.path, took)
+        return rec
+
+    def _fail(self, rec: Recovery, error: str) -> Recovery:
+        log.error("recovery %s of job %s failed: %s", rec.decision_id, rec.job, error)
+        return self._end(rec, S.FAILED, error)
+
+    def _hold(self, rec: Recovery, reason: str, step: str) -> Recovery:
+        log.warning("recovery %s of job %s held for an operator: %s", rec.decision_id, rec.job, reason)
+        rec = self.store.transition(rec.decision_id, S.HELD, held_reason=reason, held_step=step)
+        self._emit(rec, step if step != "plan" else "recovery", ActionPhase.HELD, detail=reason)
+        return rec
+
+    def _announce_done_steps(self, rec: Recovery) -> None:
+        for key in self.store.unannounced(rec.decision_id):
+            if self._emit(rec, key, ActionPhase.SUCCEEDED, attempt=-1, detail="recorded before a restart"):
+                self.store.mark_announced(rec.decision_id, key)
+
+    # --- steps -----------------------------------------------------------------------------------
+
+    def _spec_now(self, rec: Recovery, results: dict[str, Any]) -> JobSpec:
+        assert rec.context is not None
+        raw = rec.context["spec"]
+        for key in (StepKind.SWAP_STANDBYS.value, StepKind.REPLENISH.value):
+            if key in results and "spec" in results[key]:
+                raw = results[key]["spec"]
+        return from_mapping(JobSpec, raw)
+
+    def _run_step(self, rec: Recovery, step: Step, results: dict[str, Any]) -> str:
+        """Run one step with retries/backoff; "" on success, else the error."""
+        policy = self.cfg.policy(step.kind.value)
+        spec = self._spec_now(rec, results)
+        tries, backoff = 0, policy.backoff_s
+        while True:
+            tries += 1
+            attempt = self.store.step_started(rec.decision_id, step.key, self.clock())
+            detail = "resumed after a restart" if attempt > tries else ""
+            self._emit(
+                rec, step.key, ActionPhase.STARTED, attempt=attempt, detail=detail, machines=step.machines
+            )
+            ctx = StepContext(rec.decision_id, step.key, attempt, time.monotonic() + policy.timeout_s)
+            t0 = time.monotonic()
+            try:
+                result, side = self._execute(rec, step, spec, ctx)
+            except PermanentError as exc:
+                error = f"{exc}"
+                retry = False
+            except Exception as exc:  # TemporaryError, or an executor bug: retried, bounded
+                error = f"{type(exc).__name__}: {exc}"
+                retry = tries <= policy.retries and not self.stop.is_set()
+                if isinstance(exc, TemporaryError) and exc.delay is not None:
+                    backoff = exc.delay
+            else:
+                took = (time.monotonic() - t0) * 1000
+                self.store.step_done(rec.decision_id, step.key, result, self.clock(), job=rec.job, **side)
+                if self._emit(
+                    rec,
+                    step.key,
+                    ActionPhase.SUCCEEDED,
+                    attempt=attempt,
+                    duration_ms=took,
+                    detail=_describe(step, result),
+                    machines=step.machines,
+                ):
+                    self.store.mark_announced(rec.decision_id, step.key)
+                return ""
+            took = (time.monotonic() - t0) * 1000
+            if step.kind is StepKind.REPLENISH:  # the job runs already: a thin pool is not a failed recovery
+                self.store.step_done(rec.decision_id, step.key, {"failed": error}, self.clock(), job=rec.job)
+                self._emit(rec, step.key, ActionPhase.FAILED, attempt=attempt, duration_ms=took, detail=error)
+                return ""
+            suffix = f"; retrying in {backoff:g} s" if retry else ""
+            self._emit(
+                rec, step.key, ActionPhase.FAILED, attempt=attempt, duration_ms=took, detail=error + suffix
+            )
+            if not retry:
+                self.store.step_failed(rec.decision_id, step.key, error, self.clock())
+                return error
+            self.stop.wait(backoff)
+            backoff = min(max(backoff * 2, 0.01), policy.backoff_max_s)
+
+    def _execute(
+        self, rec: Recovery, step: Step, spec: JobSpec, ctx: StepContext
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Perform ``step``: (result to record, side effects for the store's logs)."""
+        ex, kind, machines = self.executor, step.kind, list(step.machines)
+        if kind is StepKind.STOP:
+            ex.stop(spec, ctx)
+            return {}, {}
+        if kind is StepKind.DIAGNOSE:
+            found = ex.run_diagnostics(spec, machines, list(step.tests), ctx)
+            failed = sorted({r.machine for r in found if not r.passed})
+            return {"failed": failed, "results": [asdict(r) for r in found]}, {}
+        if kind in (StepKind.REPLAY_HORIZONTAL, StepKind.REPLAY_VERTICAL):
+            groups = [list(g) for g in step.groups]
+            ok = ex.run_replay(spec, groups, ctx)
+            if len(ok) != len(groups):
+                raise PermanentError(f"replay returned {len(ok)} results for {len(groups)} groups")
+            return {"ok": list(ok), "groups": groups}, {}
+        if kind is StepKind.EVICT:
+            ex.evict(spec, machines, ctx)
+            return {"evicted": machines}, {"evicted": machines}
+        if kind is StepKind.SWAP_STANDBYS:
+            return self._swap(rec, spec, machines, ctx), {}
+        if kind is StepKind.HOT_UPDATE:
+            ex.hot_update(spec, step.version, ctx)
+            change = "rollback" if step.note == "rollback" else "update"
+            return {"version": step.version}, {"code_applied": (step.version, change, step.note)}
+        if kind is StepKind.RESTART:
+            ex.restart(spec, ctx)
+            return {"machines": machine_names(spec)}, {"restarted": True}
+        if kind is StepKind.REPLENISH:
+            need = pool_target(self.cfg, spec.topology.num_machines) - len(spec.standbys)
+            if need <= 0:
+                return {"provisioned": []}, {}
+            new = ex.provision_standbys(rec.job, need, ctx)
+            out = refilled(spec, new, self.clock())
+            self._publish_spec(out)
+            return {"provisioned": new, "spec": to_plain(out)}, {}
+        if kind is StepKind.QUEUE_UPDATE:
+            update = code_update_of(rec.decision)
+            assert update is not None
+            self.store.request_update(
+                rec.job, update.version, rec.decision_id, self.clock(), update.previous, rec.decision.reason
+            )
+            return {"queued": update.version}, {}
+        raise PermanentError(f"no handler for step kind {kind.value}")
+
+    def _swap(self, rec: Recovery, spec: JobSpec, machines: list[str], ctx: StepContext) -> dict[str, Any]:
+        evicted = self.store.evicted_machines(rec.job)
+        ready = [s for s in spec.standbys if s not in evicted]
+        chosen = ready[: len(machines)]
+        new: list[str] = []
+        if len(chosen) < len(machines):  # §6.2: not enough warm standbys -> provision only the shortfall
+            new = self.executor.provision_standbys(rec.job, len(machines) - len(chosen), ctx)
+            spec = refilled(spec, new, spec.ts_ms)
+            chosen += new
+        self.executor.activate_standbys(spec, chosen, machines, ctx)
+        out = swapped(spec, machines, chosen, self.clock())
+        self._publish_spec(out)
+        return {"spec": to_plain(out), "activated": chosen, "replaced": machines, "provisioned": new}
+
+    def _publish_spec(self, spec: JobSpec) -> None:
+        try:
+            self.publisher.job_spec(spec)
+        except Exception as exc:
+            raise TemporaryError(f"publishing the new JobSpec failed: {exc}") from exc
+        self.store.save_spec(spec)
+
+
+def _describe(step: Step, result: dict[str, Any]) -> str:
+    if step.kind is StepKind.DIAGNOSE:
+        return f"failed: {result['failed']}" if result["failed"] else "all tests passed"
+    if step.kind is StepKind.SWAP_STANDBYS:
+        return f"{result['replaced']} -> {result['activated']}"
+    if step.kind in (StepKind.HOT_UPDATE, StepKind.QUEUE_UPDATE):
+        return f"{step.note or 'update'}: {step.version}"
+    if step.kind in (StepKind.REPLAY_HORIZONTAL, StepKind.REPLAY_VERTICAL):
+        return f"groups ok: {result['ok']}"
+    if step.kind is StepKind.REPLENISH:
+        return f"provisioned {result.get('provisioned', [])}"
+    return ""

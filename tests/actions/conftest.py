@@ -1,0 +1,117 @@
+"""Fixtures for action-service tests: a real service (in a thread) against the real broker.
+
+Each test uses its own job names, consumer group and state directory, so tests share the broker
+(and its retained history) without seeing each other's decisions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actions.config import ActionsConfig
+from actions.executors.base import ExecutorEnv
+from actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from actions.progress import Recovery
+from actions.service import ActionService
+from infra.config import Settings
+from schemas.base import now_ms
+from schemas.control import Decision, JobSpec, Targets
+from schemas.enums import Action
+from schemas.topics import ACTIONS, JOBS
+from schemas.topology import JobTopology
+from tests.streams.harness import Watcher, send, unique
+
+
+def job_spec(job: str, n: int = 4, standbys: int = 2, pp: int = 1) -> JobSpec:
+    topo = JobTopology(job=job, tp=1, pp=pp, dp=n // pp, ranks_per_machine=1, machines=[f"{job}-n{i}" for i in range(n)])
+    return JobSpec(job=job, ts_ms=now_ms(), topology=topo, standbys=[f"{job}-warm{i}" for i in range(standbys)])
+
+
+def make_decision(job: str, action: Action, machines: list[str] | None = None, **evidence: Any) -> Decision:
+    return Decision(
+        decision_id=unique("dec"),
+        ts_ms=now_ms(),
+        job=job,
+        action=action,
+        targets=Targets(machines=machines or [], group_kind="machine" if machines else "job"),
+        reason="test",
+        evidence=dict(evidence),
+    )
+
+
+@dataclass
+class Running:
+    service: ActionService
+    executor: DryRunExecutor
+    thread: threading.Thread
+    stop: threading.Event
+    settings: Settings
+
+    def wait(self, decision_id: str, timeout_s: float = 30.0, states: tuple[str, ...] = ()) -> Recovery:
+        """Wait until the recovery is terminal (or in one of ``states``)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            rec = self.service.store.get(decision_id)
+            if rec is not None and (rec.state.value in states or (not states and rec.state.terminal)):
+                return rec
+            time.sleep(0.1)
+        raise AssertionError(f"recovery {decision_id} not done: {self.service.store.get(decision_id)}")
+
+    def calls(self, call: str, job: str) -> list[dict[str, Any]]:
+        return [r for r in self.executor.records() if r["call"] == call and r["job"] == job]
+
+
+@pytest.fixture
+def start_service(
+    stack_settings: Settings, tmp_path: Path
+) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(jobs: list[str], dry_run: DryRunConfig | None = None, **overrides: Any) -> Running:
+        cfg = ActionsConfig(
+            group_id=unique("tg-actions-test"),
+            jobs=jobs,
+            state_dir=str(tmp_path / "actions"),
+            poll_interval_s=0.2,
+            spec_wait_s=20,
+            **overrides,
+        )
+        env = ExecutorEnv(state_dir=tmp_path / "actions" / "executor")
+        executor = DryRunExecutor(dry_run or DryRunConfig(), env)
+        service = ActionService(stack_settings, cfg, executor=executor)
+        service.start_consuming()
+        stop = threading.Event()
+        thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+        thread.start()
+        run = Running(service, executor, thread, stop, stack_settings)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        run.stop.set()
+        run.thread.join(30)
+
+
+@pytest.fixture
+def actions_watch(stack_settings: Settings) -> Iterator[Watcher]:
+    w = Watcher(stack_settings, ACTIONS)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def jobs_watch(stack_settings: Settings) -> Iterator[Watcher]:
+    w = Watcher(stack_settings, JOBS)
+    yield w
+    w.close()
+
+
+__all__ = ["job_spec", "make_decision", "send", "unique"]

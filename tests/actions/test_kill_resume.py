@@ -1,0 +1,129 @@
+"""Done-when: killing the action service (SIGKILL) mid-recovery and restarting it completes that
+recovery exactly once.  The service runs as a real process (the CLI), the broker is real."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from actions.progress import ProgressStore
+from actions.state import RecoveryState
+from infra.config import Settings
+from schemas.control import ActionEvent, ActionPhase, JobSpec
+from schemas.enums import Action
+from tests.actions.conftest import job_spec, make_decision
+from tests.streams.harness import Watcher, send, unique
+
+pytestmark = pytest.mark.slow
+
+
+def start(config: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainguard.commands.actions", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TRAINGUARD_CONFIG": str(config)},
+            start_new_session=True,
+        )
+
+
+def test_sigkill_mid_recovery_then_restart_completes_it_once(
+    stack_settings: Settings, tmp_path: Path, actions_watch: Watcher, jobs_watch: Watcher
+) -> None:
+    job = unique("job-kill")
+    state = tmp_path / "state"
+    config = tmp_path / "tg.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "actions": {
+                    "group_id": unique("tg-actions-kill"),
+                    "jobs": [job],
+                    "state_dir": str(state),
+                    "poll_interval_s": 0.2,
+                    "executor": "dry_run",
+                    # slow steps so the kill lands inside the recovery
+                    "executor_options": {"delays": {"evict": 1.0, "activate_standbys": 3.0, "restart": 1.0}},
+                }
+            }
+        )
+    )
+    log = tmp_path / "service.log"
+    proc = start(config, log)
+    spec = job_spec(job, n=4, standbys=2)
+    send(stack_settings, spec)
+    d = make_decision(job, Action.EVICT, [f"{job}-n1"])
+    send(stack_settings, d)
+
+    def seen(step: str, phase: ActionPhase) -> bool:
+        return any(
+            isinstance(e, ActionEvent) and e.decision_id == d.decision_id and e.step == step and e.phase is phase
+            for e in actions_watch.seen
+        )
+
+    try:
+        actions_watch.wait_for(
+            lambda e: isinstance(e, ActionEvent) and e.step == "swap_standbys" and e.phase is ActionPhase.STARTED,
+            timeout_s=60,
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # mid-swap: evict done, standbys being activated
+        proc.wait(10)
+    assert not seen("recovery", ActionPhase.SUCCEEDED)
+
+    proc = start(config, log)
+    try:
+        done = actions_watch.wait_for(
+            lambda e: isinstance(e, ActionEvent)
+            and e.decision_id == d.decision_id
+            and e.step == "recovery"
+            and e.phase is ActionPhase.SUCCEEDED,
+            timeout_s=60,
+        )
+        assert isinstance(done, ActionEvent)
+        send(stack_settings, d)  # redelivered after the restart: a no-op
+        time.sleep(2)
+        status = subprocess.run(
+            [sys.executable, "-m", "trainguard.commands.actions", "status", "--json", "--job", job],
+            env={**os.environ, "TRAINGUARD_CONFIG": str(config)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+
+    rows = [json.loads(line) for line in status.stdout.splitlines()]
+    assert [(r["decision_id"], r["state"]) for r in rows] == [(d.decision_id, "succeeded")]
+    swap = [s for s in rows[0]["steps"] if s["key"] == "swap_standbys"][0]
+    assert swap["attempts"] == 2  # the step in flight at the kill ran again, nothing else did
+
+    calls = [json.loads(x) for x in (state / "executor" / "dry_run.jsonl").read_text().splitlines()]
+    kinds = [c["call"] for c in calls if c["job"] == job]
+    assert kinds.count("evict") == 1 and kinds.count("stop") == 1 and kinds.count("restart") == 1
+    assert kinds.count("activate_standbys") == 1  # killed before the first activation finished
+
+    finals = {
+        e.event_id
+        for e in actions_watch.all(lambda e: isinstance(e, ActionEvent) and e.decision_id == d.decision_id)
+        if isinstance(e, ActionEvent) and e.step == "recovery" and e.phase is ActionPhase.SUCCEEDED
+    }
+    assert len(finals) == 1
+    spec_after = jobs_watch.wait_for(lambda e: isinstance(e, JobSpec) and e.job == job and e.ts_ms > spec.ts_ms)
+    assert isinstance(spec_after, JobSpec) and f"{job}-warm0" in spec_after.topology.machines
+
+    store = ProgressStore(state / "progress.sqlite")
+    rec = store.get(d.decision_id)
+    assert rec is not None and rec.state is RecoveryState.SUCCEEDED and rec.path == "evict"
+    store.close()

@@ -1,0 +1,150 @@
+"""A real torch job (CPU, gloo, 2 ranks, a DataLoader worker each) under the exporter:
+step telemetry reaches Kafka, and a capture command returns py-spy dumps of every rank and its
+dataloader worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from infra.bus import EventProducer
+from infra.config import Settings
+from schemas.base import Event, now_ms
+from schemas.control import Command, CommandKind
+from schemas.enums import ProcessRole
+from schemas.topics import COMMANDS, STACKS, STEPS
+from schemas.workload import StackDump, TrainingStep
+from streams.exporter.config import load_exporter_config
+from streams.exporter.service import ExporterService
+
+pytestmark = pytest.mark.slow
+
+RANKS = 2
+JOB_SCRIPT = Path(__file__).with_name("train_job.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_torch_job_steps_and_stack_capture(stack_settings: Settings, tmp_path: Path) -> None:
+    from tests.exporter.kafka_helpers import TopicReader
+
+    job = f"torch-{uuid.uuid4().hex[:8]}"
+    node = f"node-{job}"
+    sock = tmp_path / "r.sock"
+    cfg = load_exporter_config(
+        {
+            "node": node,
+            "job": job,
+            "state_dir": str(tmp_path / "state"),
+            "nvml": {"enabled": False},
+            "nic": {"enabled": False},
+            "host": {"enabled": False},
+            "kernel_log": {"enabled": False},
+            "reporter": {"socket": str(sock), "interval_s": 0.2},
+            "process": {"cmd_pattern": f"--tg-job {job}", "interval_s": 0.5},
+            "stacks": {"parallel": 4},
+        },
+        environ={},
+    )
+    reader = TopicReader(stack_settings.kafka, [STEPS.name, STACKS.name])
+    service = ExporterService(cfg, stack_settings.kafka)
+    service.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    port = _free_port()
+    try:
+        for rank in range(RANKS):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(RANKS),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "TRAINGUARD_JOB": job,
+                "TRAINGUARD_REPORTER_SOCKET": str(sock),
+                "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(JOB_SCRIPT), "--tg-job", job],
+                    env=env,
+                    start_new_session=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        mine = lambda ev: getattr(ev, "job", None) == job  # noqa: E731
+
+        def three_steps_each(got: list[Event]) -> bool:
+            return all(
+                sum(isinstance(e, TrainingStep) and e.rank == r for e in got) >= 3 for r in range(RANKS)
+            )
+
+        steps = reader.read_until(mine, three_steps_each, timeout_s=120)
+        assert three_steps_each(steps), [p.poll() for p in procs]
+        s = next(e for e in steps if isinstance(e, TrainingStep) and e.step_time_s)
+        assert s.node == node and s.loss is not None and s.grad_norm is not None and s.tokens_per_s
+        assert s.mfu is not None and 0 < s.mfu <= 1
+
+        # every rank has its dataloader worker before we ask for stacks
+        def workers_up() -> bool:
+            found = service.stacks.discover()
+            return sum(p.role is ProcessRole.DATALOADER for p in found) >= RANKS
+
+        deadline = time.monotonic() + 60
+        while not workers_up():
+            assert time.monotonic() < deadline, "dataloader workers never appeared"
+            time.sleep(0.2)
+        assert service.commands is not None and service.commands.ready.wait(30)
+        capture = uuid.uuid4().hex
+        producer = EventProducer(stack_settings.kafka)
+        producer.send(
+            Command(
+                command_id=capture,
+                ts_ms=now_ms(),
+                kind=CommandKind.CAPTURE_STACKS,
+                node=node,
+                args={"rounds": 1},
+            ),
+            COMMANDS,
+        ).get(timeout=30)
+        producer.close()
+
+        def dumped(got: list[Event]) -> bool:
+            have = {(e.rank, e.role) for e in got if isinstance(e, StackDump) and e.capture_id == capture}
+            return all(
+                (r, role) in have for r in range(RANKS) for role in (ProcessRole.MAIN, ProcessRole.DATALOADER)
+            )
+
+        dumps = [e for e in reader.read_until(mine, dumped, timeout_s=120) if isinstance(e, StackDump)]
+        assert dumped(dumps)  # type: ignore[arg-type]
+        for d in dumps:
+            if d.role in (ProcessRole.MAIN, ProcessRole.DATALOADER):
+                assert not d.error and d.threads, (d.pid, d.error)
+                assert d.job == job and d.node == node and d.round == 0
+                assert {p.pid for p in d.process_tree} >= {d.pid}
+        main0 = next(d for d in dumps if d.rank == 0 and d.role is ProcessRole.MAIN)
+        funcs = {f.function for t in main0.threads for f in t.frames}
+        assert "main" in funcs and "train_job.py" in main0.raw_text
+        worker0 = next(d for d in dumps if d.rank == 0 and d.role is ProcessRole.DATALOADER)
+        assert any("worker.py" in f.filename for t in worker0.threads for f in t.frames)
+        assert {p.role for p in main0.process_tree} >= {ProcessRole.MAIN, ProcessRole.DATALOADER}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        for p in procs:
+            p.wait(30)
+        service.stop()
+        reader.close()

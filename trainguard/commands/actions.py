@@ -1,0 +1,220 @@
+"""``trainguard actions``: run the action service, and operate it.
+
+* ``trainguard actions [run]`` -- consume decisions and drive recoveries (until SIGINT/SIGTERM);
+* ``trainguard actions status [--job J] [--json]`` -- recent recoveries, their states and steps;
+* ``trainguard actions release ID`` / ``cancel ID`` -- let a held recovery go on, or drop it;
+* ``trainguard actions code-update --job J --version V [--urgent] [--previous P]`` -- request a
+  code change (a restart decision on the decisions topic: urgent now, otherwise at the next
+  recovery, forced after ``lazy_update_max_wait_s``);
+* ``trainguard actions versions --job J`` -- the job's recorded code changes;
+* ``trainguard actions diagnose --machines a,b,c [--perturb b] [--corrupt c]`` -- run the real
+  stop-time tests on local subprocess "machines".
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import uuid
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from schemas.base import now_ms
+from trainguard.context import friendly_errors, settings
+
+
+def _config(ctx: click.Context) -> Any:
+    from actions.config import ActionsConfig
+    from infra.config import component_config
+
+    return component_config(settings(ctx), "actions", ActionsConfig)
+
+
+def _store(ctx: click.Context) -> Any:
+    from actions.service import open_store
+
+    return open_store(settings(ctx), _config(ctx))
+
+
+def _run(ctx: click.Context) -> None:
+    from actions.service import ActionService
+
+    service = ActionService(settings(ctx), _config(ctx))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo(f"action service up (executor {service.executor.name}, state in {service.dir})", err=True)
+    service.run(stop)
+
+
+@click.group("actions", invoke_without_command=True)
+@click.pass_context
+@friendly_errors
+def actions(ctx: click.Context) -> None:
+    """The action service: without a subcommand, run it."""
+    if ctx.invoked_subcommand is None:
+        _run(ctx)
+
+
+@actions.command("run")
+@click.pass_context
+@friendly_errors
+def run(ctx: click.Context) -> None:
+    """Consume decisions and drive recoveries until interrupted."""
+    _run(ctx)
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
+
+
+@actions.command("status")
+@click.option("--job", default=None, help="Only this job.")
+@click.option("--limit", default=30, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per recovery.")
+@click.pass_context
+@friendly_errors
+def status_cmd(ctx: click.Context, job: str | None, limit: int, as_json: bool) -> None:
+    """Recent recoveries: state, path taken, steps; held ones say why."""
+    from actions.service import status
+
+    store = _store(ctx)
+    try:
+        rows = status(store, job, limit)
+    finally:
+        store.close()
+    for r in rows:
+        if as_json:
+            click.echo(json.dumps(r))
+            continue
+        steps = " ".join(f"{s['key']}:{s['status']}" for s in r["steps"])
+        click.echo(
+            f"{_when(r['accepted_ms'])}  {r['job']:18} {r['action']:9} {r['state']:12} {r['path']:15} "
+            f"{r['decision_id'][:12]}  {steps}"
+        )
+        if r["held_reason"]:
+            click.echo(f"    held: {r['held_reason']}")
+    if not as_json:
+        click.echo(f"{len(rows)} recovery(ies)", err=True)
+
+
+@actions.command("release")
+@click.argument("decision_id")
+@click.pass_context
+@friendly_errors
+def release(ctx: click.Context, decision_id: str) -> None:
+    """Let a held recovery go past the limit that held it (the running service picks it up)."""
+    store = _store(ctx)
+    try:
+        rec = store.release(decision_id)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+    click.echo(f"{decision_id}: released, continues in state {rec.state.value}")
+
+
+@actions.command("cancel")
+@click.argument("decision_id")
+@click.pass_context
+@friendly_errors
+def cancel(ctx: click.Context, decision_id: str) -> None:
+    """Drop a held recovery (the job's next decisions can then run)."""
+    from actions.state import InvalidStateTransition, RecoveryState
+
+    store = _store(ctx)
+    try:
+        store.transition(
+            decision_id, RecoveryState.CANCELLED, finished_ms=now_ms(), detail="cancelled by operator"
+        )
+    except (KeyError, InvalidStateTransition) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+    click.echo(f"{decision_id}: cancelled")
+
+
+@actions.command("code-update")
+@click.option("--job", required=True)
+@click.option("--version", "version", required=True, help="The code version to switch to.")
+@click.option("--urgent", is_flag=True, help="Apply now (halts training); default: at the next recovery.")
+@click.option("--previous", default="", help="Version running now (recorded as baseline for rollbacks).")
+@click.option("--reason", default="", help="Why (recorded with the change).")
+@click.pass_context
+@friendly_errors
+def code_update(ctx: click.Context, job: str, version: str, urgent: bool, previous: str, reason: str) -> None:
+    """Request a code change for a job (prints the decision id)."""
+    from infra.bus import EventProducer
+    from schemas.control import Decision
+    from schemas.enums import Action
+    from schemas.topics import DECISIONS
+
+    decision = Decision(
+        decision_id=uuid.uuid4().hex,
+        ts_ms=now_ms(),
+        job=job,
+        action=Action.RESTART,
+        reason=reason or f"operator code update to {version}",
+        evidence={"code_update": {"version": version, "urgent": urgent, "previous": previous}},
+    )
+    producer = EventProducer(settings(ctx).kafka)
+    try:
+        producer.send(decision, DECISIONS).get(timeout=30)
+    finally:
+        producer.close()
+    click.echo(decision.decision_id)
+
+
+@actions.command("versions")
+@click.option("--job", required=True)
+@click.pass_context
+@friendly_errors
+def versions(ctx: click.Context, job: str) -> None:
+    """Every recorded code change of a job (baseline, updates, rollbacks, pending)."""
+    store = _store(ctx)
+    try:
+        changes, stack = store.code_changes(job), store.version_stack(job)
+    finally:
+        store.close()
+    for ch in changes:
+        click.echo(
+            f"{_when(ch.requested_ms)}  {ch.kind:8} {ch.version:20} {ch.status:10} "
+            f"applied={_when(ch.applied_ms)} {ch.reason}"
+        )
+    click.echo(f"current: {stack[-1] if stack else '-'}", err=True)
+
+
+@actions.command("diagnose")
+@click.option("--machines", required=True, help="Comma-separated local machine names (2 or more).")
+@click.option("--tests", default="alignment,connectivity", show_default=True)
+@click.option("--perturb", default="", help="Machines whose alignment arithmetic is made wrong.")
+@click.option("--corrupt", default="", help="Machines that corrupt all-gather payloads.")
+@click.option("--absent", default="", help="Machines that never join the collective.")
+@click.option("--timeout", "timeout_s", default=20.0, show_default=True)
+@friendly_errors
+def diagnose(machines: str, tests: str, perturb: str, corrupt: str, absent: str, timeout_s: float) -> None:
+    """Run the real stop-time tests on local subprocess machines; exit 1 if any machine fails."""
+    from actions.diagnostics import LocalFaults, run_local
+
+    def names(text: str) -> frozenset[str]:
+        return frozenset(x for x in text.split(",") if x)
+
+    ms = [m for m in machines.split(",") if m]
+    faults = LocalFaults(perturb=names(perturb), corrupt=names(corrupt), absent=names(absent))
+    results = run_local(ms, [t for t in tests.split(",") if t], faults, timeout_s)
+    for r in results:
+        click.echo(json.dumps(asdict(r)))
+    if not all(r.passed for r in results):
+        raise SystemExit(1)
+
+
+COMMANDS = [actions]
+
+if __name__ == "__main__":  # `python -m trainguard.commands.actions` until the CLI lists this module
+    actions()

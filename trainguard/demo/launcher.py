@@ -1,0 +1,239 @@
+"""Start and stop a demo job's rank processes, per job or per machine, and its warm standbys.
+
+>>> # doctest: +SKIP
+>>> spec = JobSpec(job="j", cluster_dir="/tmp/c", tp=2, pp=2, dp=2, ranks_per_machine=2, steps=50)
+>>> with launch_job(spec) as h:            # 8 processes, one session (process group) each
+...     h.wait(timeout=120)                # {rank: exit code}
+
+Each rank runs ``python -m trainguard.demo.trainer <spec.to_argv(rank)>`` in its **own session**
+(so a machine's ranks are killed together with their DataLoader workers, and nothing else), with
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``TRAINGUARD_JOB``/``TRAINGUARD_NODE`` in its environment
+and stdout/stderr appended to ``machines/<m>/logs/<job>/rank-R.out|.err``.  A machine replaced
+by a standby: ``spec2 = spec.replace_machine("m2", "s0")``, ``launch_job(spec2,
+machines=[others])`` and :func:`activate_standby` ``(spec2, "s0")``.
+
+CLI (runs a whole job in the foreground; Ctrl-C stops it): ``python -m trainguard.demo.launcher
+--cluster-dir D --job J --tp 2 --pp 2 --dp 2 --ranks-per-machine 2 --steps 100``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from trainguard.demo.config import ClusterPaths, JobSpec, write_atomic
+
+
+@dataclass
+class RankProcess:
+    """One started process: a rank (``rank >= 0``) or a standby slot (``rank == -1``)."""
+
+    machine: str
+    rank: int
+    popen: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+
+@dataclass
+class JobHandle:
+    """The processes :func:`launch_job` / :func:`launch_standby` started; stops them on ``__exit__``."""
+
+    spec: JobSpec | None
+    procs: list[RankProcess] = field(default_factory=list)
+
+    def __enter__(self) -> JobHandle:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stop_job(self, grace_s=2.0)
+
+    def on(self, machine: str) -> list[RankProcess]:
+        return [p for p in self.procs if p.machine == machine]
+
+    def exit_codes(self) -> dict[int, int | None]:
+        return {p.rank: p.poll() for p in self.procs}
+
+    def wait(self, timeout: float) -> dict[int, int | None]:
+        """Wait until every process exits or ``timeout`` passes; rank -> exit code (None: running)."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(max(0.0, deadline - time.monotonic()))
+        return self.exit_codes()
+
+    def progress(self) -> dict[int, dict[str, Any]]:
+        """rank -> its latest progress record (missing ranks have not written one yet)."""
+        assert self.spec is not None
+        return read_progress(self.spec)
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **extra})
+    # torch.cuda imports the deprecated pynvml on CPU hosts too: keep stderr for real errors.
+    env.setdefault("PYTHONWARNINGS", "ignore:The pynvml package is deprecated:FutureWarning")
+    return env
+
+
+def _spawn(argv: list[str], out: Path, err: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "ab") as fo, open(err, "ab") as fe:  # the child keeps its own descriptors
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe, env=env, start_new_session=True
+        )
+
+
+def launch_job(
+    spec: JobSpec, machines: Iterable[str] | None = None, python: str = sys.executable
+) -> JobHandle:
+    """Start the ranks of ``spec`` on ``machines`` (default: all of the job's machines)."""
+    names = spec.machine_names()
+    chosen = list(machines) if machines is not None else names
+    unknown = set(chosen) - set(names)
+    if unknown:
+        raise ValueError(f"machines {sorted(unknown)} are not in job {spec.job!r}: {names}")
+    paths = spec.paths()
+    handle = JobHandle(spec)
+    try:
+        for machine in chosen:
+            for rank in spec.ranks_on(machine):
+                env = _env({
+                    "RANK": str(rank), "WORLD_SIZE": str(spec.world_size),
+                    "LOCAL_RANK": str(rank % spec.ranks_per_machine),
+                    "TRAINGUARD_JOB": spec.job, "TRAINGUARD_NODE": machine,
+                })  # fmt: skip
+                out, err = (paths.log(machine, spec.job, rank, s) for s in ("out", "err"))
+                argv = [python, "-m", "trainguard.demo.trainer", *spec.to_argv(rank)]
+                handle.procs.append(RankProcess(machine, rank, _spawn(argv, out, err, env), out, err))
+    except BaseException:
+        stop_job(handle, grace_s=0)
+        raise
+    return handle
+
+
+def launch_standby(
+    cluster_dir: str | os.PathLike[str], machine: str, slots: int, python: str = sys.executable
+) -> JobHandle:
+    """Start ``slots`` warm standby processes for ``machine`` (any old activation is removed)."""
+    paths = ClusterPaths(Path(cluster_dir))
+    paths.activation(machine).unlink(missing_ok=True)
+    handle = JobHandle(None)
+    try:
+        for slot in range(slots):
+            out, err = (
+                paths.machine(machine) / "logs" / "standby" / f"slot-{slot}.{s}" for s in ("out", "err")
+            )
+            argv = [python, "-m", "trainguard.demo.standby", "--cluster-dir", str(cluster_dir),
+                    "--machine", machine, "--slot", str(slot)]  # fmt: skip
+            env = _env({"TRAINGUARD_NODE": machine})
+            handle.procs.append(RankProcess(machine, -1, _spawn(argv, out, err, env), out, err))
+    except BaseException:
+        stop_job(handle, grace_s=0)
+        raise
+    return handle
+
+
+def standby_ready(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -> bool:
+    """True once every slot has announced itself (torch imported, waiting)."""
+    d = ClusterPaths(Path(cluster_dir)).machine(machine) / "standby"
+    return all((d / f"slot-{i}.json").exists() for i in range(slots))
+
+
+def activate_standby(spec: JobSpec, machine: str) -> None:
+    """Wake ``machine``'s standby processes into ``spec`` (which must list ``machine``)."""
+    if machine not in spec.machine_names():
+        raise ValueError(f"{machine!r} is not a machine of the job spec: {spec.machine_names()}")
+    write_atomic(spec.paths().activation(machine), spec.to_json())
+
+
+def _kill_group(p: RankProcess, sig: int) -> None:
+    # The child leads its own session, so its pgid is its pid: only what we started is signalled.
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, sig)
+
+
+def stop_processes(procs: list[RankProcess], grace_s: float = 5.0) -> dict[int, int | None]:
+    """SIGTERM the processes' groups, SIGKILL what is left after ``grace_s``; rank -> exit code."""
+    for p in procs:
+        _kill_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.popen.wait(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        _kill_group(p, signal.SIGKILL)
+        # A dead leader can leave its DataLoader worker behind in the group; kill the group anyway.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.popen.wait()
+    return {p.rank: p.poll() for p in procs}
+
+
+def stop_job(handle: JobHandle, grace_s: float = 5.0) -> dict[int, int | None]:
+    """Stop every process of the handle (and each one's process group)."""
+    return stop_processes(handle.procs, grace_s)
+
+
+def stop_machine(handle: JobHandle, machine: str, grace_s: float = 0.0) -> dict[int, int | None]:
+    """Stop the processes of one machine (an eviction: SIGKILL right away by default)."""
+    return stop_processes(handle.on(machine), grace_s)
+
+
+def read_progress(spec: JobSpec) -> dict[int, dict[str, Any]]:
+    out = {}
+    for rank in range(spec.world_size):
+        path = spec.paths().progress(spec.machine_of_rank(rank), spec.job, rank)
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            out[rank] = json.loads(path.read_text())
+    return out
+
+
+def _print_tail(stream: TextIO, handle: JobHandle) -> None:
+    for p in handle.procs:
+        stream.write(f"rank {p.rank} ({p.machine}) exit {p.poll()}: logs {p.stdout} {p.stderr}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainguard.demo.trainer import build_parser, spec_from_args
+
+    parser = build_parser()
+    parser.prog = "python -m trainguard.demo.launcher"
+    args = parser.parse_args(["--rank", "0", *(argv if argv is not None else sys.argv[1:])])
+    spec, _ = spec_from_args(args)
+    handle = launch_job(spec)
+    try:
+        while any(c is None for c in handle.exit_codes().values()):
+            time.sleep(0.5)
+            if any(c not in (None, 0) for c in handle.exit_codes().values()):
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_job(handle, grace_s=2.0)
+        _print_tail(sys.stdout, handle)
+    return 0 if all(c == 0 for c in handle.exit_codes().values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
