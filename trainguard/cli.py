@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "trainguard.commands.stacks",
     "trainguard.commands.worker",
     "trainguard.commands.ops",
+    "trainguard.commands.exporter",
 )
 
 

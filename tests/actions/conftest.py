@@ -30,8 +30,12 @@ from tests.streams.harness import Watcher, send, unique
 
 
 def job_spec(job: str, n: int = 4, standbys: int = 2, pp: int = 1) -> JobSpec:
-    topo = JobTopology(job=job, tp=1, pp=pp, dp=n // pp, ranks_per_machine=1, machines=[f"{job}-n{i}" for i in range(n)])
-    return JobSpec(job=job, ts_ms=now_ms(), topology=topo, standbys=[f"{job}-warm{i}" for i in range(standbys)])
+    topo = JobTopology(
+        job=job, tp=1, pp=pp, dp=n // pp, ranks_per_machine=1, machines=[f"{job}-n{i}" for i in range(n)]
+    )
+    return JobSpec(
+        job=job, ts_ms=now_ms(), topology=topo, standbys=[f"{job}-warm{i}" for i in range(standbys)]
+    )
 
 
 def make_decision(job: str, action: Action, machines: list[str] | None = None, **evidence: Any) -> Decision:
@@ -69,9 +73,7 @@ class Running:
 
 
 @pytest.fixture
-def start_service(
-    stack_settings: Settings, tmp_path: Path
-) -> Iterator[Callable[..., Running]]:
+def start_service(stack_settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
     def start(jobs: list[str], dry_run: DryRunConfig | None = None, **overrides: Any) -> Running:

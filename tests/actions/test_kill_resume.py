@@ -66,13 +66,18 @@ def test_sigkill_mid_recovery_then_restart_completes_it_once(
 
     def seen(step: str, phase: ActionPhase) -> bool:
         return any(
-            isinstance(e, ActionEvent) and e.decision_id == d.decision_id and e.step == step and e.phase is phase
+            isinstance(e, ActionEvent)
+            and e.decision_id == d.decision_id
+            and e.step == step
+            and e.phase is phase
             for e in actions_watch.seen
         )
 
     try:
         actions_watch.wait_for(
-            lambda e: isinstance(e, ActionEvent) and e.step == "swap_standbys" and e.phase is ActionPhase.STARTED,
+            lambda e: (
+                isinstance(e, ActionEvent) and e.step == "swap_standbys" and e.phase is ActionPhase.STARTED
+            ),
             timeout_s=60,
         )
     finally:
@@ -83,10 +88,12 @@ def test_sigkill_mid_recovery_then_restart_completes_it_once(
     proc = start(config, log)
     try:
         done = actions_watch.wait_for(
-            lambda e: isinstance(e, ActionEvent)
-            and e.decision_id == d.decision_id
-            and e.step == "recovery"
-            and e.phase is ActionPhase.SUCCEEDED,
+            lambda e: (
+                isinstance(e, ActionEvent)
+                and e.decision_id == d.decision_id
+                and e.step == "recovery"
+                and e.phase is ActionPhase.SUCCEEDED
+            ),
             timeout_s=60,
         )
         assert isinstance(done, ActionEvent)
@@ -106,7 +113,7 @@ def test_sigkill_mid_recovery_then_restart_completes_it_once(
 
     rows = [json.loads(line) for line in status.stdout.splitlines()]
     assert [(r["decision_id"], r["state"]) for r in rows] == [(d.decision_id, "succeeded")]
-    swap = [s for s in rows[0]["steps"] if s["key"] == "swap_standbys"][0]
+    swap = next(s for s in rows[0]["steps"] if s["key"] == "swap_standbys")
     assert swap["attempts"] == 2  # the step in flight at the kill ran again, nothing else did
 
     calls = [json.loads(x) for x in (state / "executor" / "dry_run.jsonl").read_text().splitlines()]
@@ -120,7 +127,9 @@ def test_sigkill_mid_recovery_then_restart_completes_it_once(
         if isinstance(e, ActionEvent) and e.step == "recovery" and e.phase is ActionPhase.SUCCEEDED
     }
     assert len(finals) == 1
-    spec_after = jobs_watch.wait_for(lambda e: isinstance(e, JobSpec) and e.job == job and e.ts_ms > spec.ts_ms)
+    spec_after = jobs_watch.wait_for(
+        lambda e: isinstance(e, JobSpec) and e.job == job and e.ts_ms > spec.ts_ms
+    )
     assert isinstance(spec_after, JobSpec) and f"{job}-warm0" in spec_after.topology.machines
 
     store = ProgressStore(state / "progress.sqlite")

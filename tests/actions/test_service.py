@@ -108,7 +108,9 @@ def test_user_code_error_rolls_back_in_place(start_service: Start) -> None:
     job = unique("job-rollback")
     run = start_service([job])
     send(run.settings, job_spec(job))
-    update = make_decision(job, Action.RESTART, code_update={"version": "v2", "urgent": True, "previous": "v1"})
+    update = make_decision(
+        job, Action.RESTART, code_update={"version": "v2", "urgent": True, "previous": "v1"}
+    )
     send(run.settings, update)
     assert run.wait(update.decision_id).path == "update"
     rollback = make_decision(job, Action.ROLLBACK)
@@ -143,7 +145,9 @@ def test_lazy_update_waits_for_the_next_recovery_or_is_forced(start_service: Sta
             break
         run.stop.wait(0.1)
     assert [c["args"]["version"] for c in deadline_calls] == ["v2"]
-    forced = [r for r in run.service.store.recoveries(other) if r.decision.evidence["code_update"].get("forced")]
+    forced = [
+        r for r in run.service.store.recoveries(other) if r.decision.evidence["code_update"].get("forced")
+    ]
     assert len(forced) == 1 and run.wait(forced[0].decision_id).path == "update"
 
 
@@ -193,7 +197,7 @@ def test_diagnose_all_pass_reattempts_and_transient_errors_are_retried(start_ser
     send(run.settings, d)
     rec = run.wait(d.decision_id)
     assert rec.state is RecoveryState.SUCCEEDED and rec.path == "reattempt"
-    restart = [s for s in run.service.store.steps(d.decision_id) if s["key"] == "restart"][0]
+    restart = next(s for s in run.service.store.steps(d.decision_id) if s["key"] == "restart")
     assert restart["attempts"] == 3 and len(run.calls("restart", job)) == 1
     assert run.calls("evict", job) == []
 

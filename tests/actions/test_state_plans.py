@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from actions.plans import (
     Escalation,
+    Plan,
     PlanContext,
     StepKind,
     build_plan,
@@ -31,11 +34,11 @@ def decision(action: Action, machines: list[str] | None = None, **evidence: obje
     )
 
 
-def keys(plan) -> list[str]:  # type: ignore[no-untyped-def]
+def keys(plan: Plan) -> list[str]:
     return [s.key for s in plan.steps]
 
 
-def walk(plan) -> None:  # type: ignore[no-untyped-def]
+def walk(plan: Plan) -> None:
     """Every plan must be a legal walk through the state table, ending in succeeded."""
     state = RecoveryState.PENDING
     for s in state_path(plan):
@@ -107,7 +110,7 @@ def test_diagnose_branches_on_results_and_escalation_level() -> None:
     assert failed.path == "diagnose_evict" and failed.steps[2].machines == ("n5",)
     walk(failed)
 
-    passed = {"stop": {}, "diagnose": {"failed": []}}
+    passed: dict[str, Any] = {"stop": {}, "diagnose": {"failed": []}}
     reattempt = build_plan(decision(Action.DIAGNOSE), ctx, passed)
     assert reattempt.path == "reattempt" and keys(reattempt)[-1] == "restart"
     walk(reattempt)
@@ -121,19 +124,23 @@ def test_diagnose_branches_on_results_and_escalation_level() -> None:
 def test_diagnose_skips_rollback_without_code_history_and_replays() -> None:
     # 8 machines, PP=2: m = 2, n = 4 -> horizontal {0,1},{2,3},..; vertical {0,4},{1,5},..
     ctx = PlanContext(machines=MACHINES, pp=2, level=Escalation.ROLLBACK)
-    passed = {"stop": {}, "diagnose": {"failed": []}}
+    passed: dict[str, Any] = {"stop": {}, "diagnose": {"failed": []}}
     plan = build_plan(decision(Action.DIAGNOSE), ctx, passed)
     assert plan.path == "replay" and not plan.complete
     assert plan.steps[2].groups[2] == ("n4", "n5") and plan.steps[3].groups[1] == ("n1", "n5")
     # n5 is faulty: horizontal group 2 and vertical group 1 fail
     h = {"ok": [True, True, False, True]}
     v = {"ok": [True, False, True, True]}
-    done = build_plan(decision(Action.DIAGNOSE), ctx, {**passed, "replay_horizontal": h, "replay_vertical": v})
+    done = build_plan(
+        decision(Action.DIAGNOSE), ctx, {**passed, "replay_horizontal": h, "replay_vertical": v}
+    )
     assert done.detail["faulty"] == "n5"
     assert [s.machines for s in done.steps if s.kind is StepKind.EVICT] == [("n5",)]
     walk(done)
     ambiguous = build_plan(
-        decision(Action.DIAGNOSE), ctx, {**passed, "replay_horizontal": {"ok": [True] * 4}, "replay_vertical": v}
+        decision(Action.DIAGNOSE),
+        ctx,
+        {**passed, "replay_horizontal": {"ok": [True] * 4}, "replay_vertical": v},
     )
     assert "did not isolate" in ambiguous.hold
 

@@ -1,9 +1,10 @@
 """Start and stop a demo job's rank processes, per job or per machine, and its warm standbys.
 
->>> # doctest: +SKIP
->>> spec = JobSpec(job="j", cluster_dir="/tmp/c", tp=2, pp=2, dp=2, ranks_per_machine=2, steps=50)
->>> with launch_job(spec) as h:            # 8 processes, one session (process group) each
-...     h.wait(timeout=120)                # {rank: exit code}
+.. code-block:: python
+
+    spec = JobSpec(job="j", cluster_dir="/tmp/c", tp=2, pp=2, dp=2, ranks_per_machine=2, steps=50)
+    with launch_job(spec) as h:      # 8 processes, one session (process group) each
+        h.wait(timeout=120)          # {rank: exit code}; leaving the block stops them all
 
 Each rank runs ``python -m trainguard.demo.trainer <spec.to_argv(rank)>`` in its **own session**
 (so a machine's ranks are killed together with their DataLoader workers, and nothing else), with

@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
 def spec_from_args(a: argparse.Namespace) -> tuple[JobSpec, int]:
     spec = JobSpec(
         job=a.job, cluster_dir=a.cluster_dir, tp=a.tp, pp=a.pp, dp=a.dp,
-        ranks_per_machine=a.ranks_per_machine, machines=[m for m in a.machines.split(",") if m], steps=a.steps, master_addr=a.master_addr,
+        ranks_per_machine=a.ranks_per_machine, machines=[m for m in a.machines.split(",") if m],
+        steps=a.steps, master_addr=a.master_addr,
         master_port=a.master_port, resume=a.resume, micro_batch=a.micro_batch, microbatches=a.microbatches,
         lr=a.lr, clip_norm=a.clip_norm, seed=a.seed, keep_checkpoints=a.keep_checkpoints,
         step_delay_s=a.step_delay, pg_timeout_s=a.pg_timeout, reporter_socket=a.reporter_socket,
