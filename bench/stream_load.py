@@ -70,9 +70,8 @@ def start_worker(port: int, log: Path) -> subprocess.Popen[bytes]:
     if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
         argv = ["taskset", "-c", "1", *argv]
     env = {**os.environ, "TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "latest"}
-    proc = subprocess.Popen(
-        argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if lag_of(port) == lag_of(port):  # not NaN: the web server answers
