@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "trainguard.commands.worker",
     "trainguard.commands.ops",
     "trainguard.commands.exporter",
+    "trainguard.commands.actions",
+    "trainguard.commands.demo",
 )
 
 

@@ -197,7 +197,8 @@ def test_stalled_rank_is_localised_and_its_pipeline_evicted(
         first,
         *commands.all(lambda e: isinstance(e, Command) and e.job == job and e is not first, settle_s=1.0),
     ]
-    assert sorted(c.node for c in cmds) == machines
+    # Kafka delivery is at-least-once (a producer retry under load repeats a record): count by id.
+    assert sorted({c.command_id: c.node for c in cmds if isinstance(c, Command)}.values()) == machines
     capture_id = str(first.args["capture_id"])
     dumps = _fixture_dumps("tp2pp2dp2_compute_hang_last_stage", job, machines, 2, capture_id)
     send(stack_settings, *[d for node in machines for d in dumps[node]])
@@ -262,7 +263,8 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
     t0 = now_ms()
     send(stack_settings, *xid_pair(f"{job}-a", t0))
     w.wait_for(lambda e: isinstance(e, Decision) and e.job == job)
-    assert len(w.all(lambda e: isinstance(e, Decision) and e.job == job, settle_s=2.0)) == 1
+    ids = {e.decision_id for e in w.all(lambda e: isinstance(e, Decision) and e.job == job, settle_s=2.0)}  # type: ignore[attr-defined]
+    assert len(ids) == 1  # distinct ids: a retried produce may repeat a record on the wire
     try:
         set_window(0.0, now_ms())
         time.sleep(2.0)  # every worker follows the control topic on its own
@@ -272,7 +274,7 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
             mine = w.all(lambda e: isinstance(e, Decision) and e.job == job)
             return [e for e in mine if isinstance(e, Decision) and e.targets.machines == [f"{job}-b"]]
 
-        assert _eventually(lambda: len(got()) == 2, 20)
+        assert _eventually(lambda: len({d.decision_id for d in got()}) == 2, 20)
     finally:
         set_window(300.0, now_ms())  # the control topic is replayed by every later worker: restore
     # An invalid change is rejected and the worker keeps running with its last good config.

@@ -1,0 +1,103 @@
+"""Fault injection into the demo cluster (`trainguard inject`).
+
+Machine-level faults land where a real machine would show them, so the exporter and the stream
+workers detect them the same way as in production: Xid and GPU-lost lines are appended to the
+machine's kernel log, a NIC going down or flapping is written into its sysfs tree.  Training
+faults (hangs, slow rank, NaN, crash, user error, OOM) go through the ranks' fault hooks
+(:mod:`trainguard.demo.faults`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from trainguard.demo import faults
+
+MACHINE_FAULTS = ("xid", "nic-down", "nic-flap", "gpu-lost")
+ALL_FAULTS = (*MACHINE_FAULTS, *faults.KINDS)
+NIC = "ib0"
+
+
+def machine_root(cluster_dir: Path, machine: str) -> Path:
+    return cluster_dir / "machines" / machine / "root"
+
+
+def kernel_log(cluster_dir: Path, machine: str) -> Path:
+    return machine_root(cluster_dir, machine) / "var" / "log" / "kern.log"
+
+
+def prepare_machine_root(cluster_dir: Path, machine: str) -> Path:
+    """A machine's system tree: its own NIC and kernel log, the host's real /proc."""
+    root = machine_root(cluster_dir, machine)
+    nic = root / "sys" / "class" / "net" / NIC
+    (nic / "statistics").mkdir(parents=True, exist_ok=True)
+    for name, value in (("operstate", "up"), ("carrier", "1"), ("carrier_changes", "2"), ("type", "32")):
+        (nic / name).write_text(value + "\n")
+    for name in ("rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped"):
+        (nic / "statistics" / name).write_text("0\n")
+    proc = root / "proc"
+    if not proc.exists():
+        proc.symlink_to("/proc")  # processes and host metrics are the real ones of this host
+    kernel_log(cluster_dir, machine).parent.mkdir(parents=True, exist_ok=True)
+    kernel_log(cluster_dir, machine).touch()
+    return root
+
+
+def _kernel_line(cluster_dir: Path, machine: str, text: str) -> None:
+    stamp = datetime.now(tz=UTC).strftime("%b %d %H:%M:%S")
+    uptime = time.monotonic()
+    with open(kernel_log(cluster_dir, machine), "a", encoding="utf-8") as fh:
+        fh.write(f"{stamp} {machine} kernel: [{uptime:12.6f}] {text}\n")
+
+
+def _set_nic(cluster_dir: Path, machine: str, up: bool) -> None:
+    nic = machine_root(cluster_dir, machine) / "sys" / "class" / "net" / NIC
+    changes = int((nic / "carrier_changes").read_text().strip() or 0) + 1
+    (nic / "operstate").write_text(("up" if up else "down") + "\n")
+    (nic / "carrier").write_text(("1" if up else "0") + "\n")
+    (nic / "carrier_changes").write_text(f"{changes}\n")
+
+
+def inject(cluster_dir: Path, machine: str, kind: str, job: str = "", xid: int = 79) -> str:
+    """Inject ``kind`` on ``machine``; returns a short description of what was done."""
+    if kind == "xid":
+        _kernel_line(
+            cluster_dir,
+            machine,
+            f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=4242, name=python, GPU has fallen off the bus.",
+        )
+        return f"Xid {xid} line in {machine}'s kernel log"
+    if kind == "gpu-lost":
+        _kernel_line(cluster_dir, machine, "NVRM: GPU at PCI:0000:5e:00: GPU has fallen off the bus.")
+        _mark_diagnostics(cluster_dir, machine, perturb=True)
+        return f"GPU lost on {machine}"
+    if kind == "nic-down":
+        _set_nic(cluster_dir, machine, up=False)
+        return f"{NIC} down on {machine} (stays down)"
+    if kind == "nic-flap":
+
+        def flap() -> None:  # down/up twice within a minute: a flapping port
+            for _ in range(2):
+                _set_nic(cluster_dir, machine, up=False)
+                time.sleep(1.0)
+                _set_nic(cluster_dir, machine, up=True)
+                time.sleep(1.0)
+
+        threading.Thread(target=flap, daemon=True).start()
+        return f"{NIC} flapping on {machine}"
+    if kind in faults.KINDS:
+        persistent = kind in ("slow",)
+        f = faults.inject_fault(cluster_dir, machine, kind, job=job, persistent=persistent)
+        return f"{kind} on {machine} (fault {f.id})"
+    raise ValueError(f"unknown fault {kind!r}; known: {', '.join(ALL_FAULTS)}")
+
+
+def _mark_diagnostics(cluster_dir: Path, machine: str, **flags: bool) -> None:
+    """Make the machine fail stop-time diagnostics too (a broken GPU fails the alignment test)."""
+    path = cluster_dir / "machines" / machine / "diagnostics.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(flags))
