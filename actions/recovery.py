@@ -26,7 +26,7 @@ from actions.progress import ProgressStore, Recovery
 from actions.standby import machine_names, pool_target, refilled, swapped
 from actions.state import RecoveryState
 from schemas.base import now_ms
-from schemas.control import ActionEvent, ActionPhase, JobSpec, Targets, stable_id
+from schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
 from schemas.enums import Action
 from schemas.typecheck import from_mapping, to_plain
 
@@ -170,8 +170,13 @@ class RecoveryRunner:
         for other in reversed(self.store.recoveries(rec.job, limit=20)):
             if other.seq >= rec.seq or other.started_ms is None:
                 continue
-            during = other.started_ms <= rec.accepted_ms <= (other.finished_ms or rec.accepted_ms)
-            if during and other.state is S.SUCCEEDED and other.path != "queue_update":
+            finished = other.finished_ms or rec.accepted_ms
+            during = other.started_ms <= rec.accepted_ms <= finished
+            # A crash that *happened* before that recovery restarted the job is old news even if
+            # its report arrived later (ranks of the stopped generation die reporting errors).
+            event_ms = _source_ms(rec.decision)
+            stale = event_ms is not None and other.started_ms - _STALE_GRACE_MS <= event_ms <= finished
+            if (during or stale) and other.state is S.SUCCEEDED and other.path != "queue_update":
                 return other.decision_id
         return None
 
@@ -390,3 +395,14 @@ def _describe(step: Step, result: dict[str, Any]) -> str:
     if step.kind is StepKind.REPLENISH:
         return f"provisioned {result.get('provisioned', [])}"
     return ""
+
+
+#: a crash reported up to this long before a recovery started is covered by that recovery's restart.
+_STALE_GRACE_MS = 30_000
+
+
+def _source_ms(decision: Decision) -> int | None:
+    """Event time of the fault behind ``decision`` (its triggering detection's input)."""
+    det = decision.evidence.get("detection") if isinstance(decision.evidence, dict) else None
+    ts = det.get("source_ts_ms") if isinstance(det, dict) else None
+    return int(ts) if isinstance(ts, int | float) and ts > 0 else None

@@ -71,7 +71,7 @@ def inject(ctx: click.Context, job: str, machine: str, fault: str, xid: int, clu
             raise click.ClickException("no demo cluster found; pass --cluster-dir")
         cluster_dir = str(runs[-1])
     try:
-        click.echo(do_inject(Path(cluster_dir), machine, fault, job=job, xid=xid))
+        click.echo(do_inject(Path(cluster_dir), machine, fault, job=job, xid=xid, settings=settings(ctx)))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fault") from exc
 

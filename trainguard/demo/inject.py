@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from infra.config import Settings
 from trainguard.demo import faults
 
 MACHINE_FAULTS = ("xid", "nic-down", "nic-flap", "gpu-lost")
@@ -62,8 +63,43 @@ def _set_nic(cluster_dir: Path, machine: str, up: bool) -> None:
     (nic / "carrier_changes").write_text(f"{changes}\n")
 
 
-def inject(cluster_dir: Path, machine: str, kind: str, job: str = "", xid: int = 79) -> str:
-    """Inject ``kind`` on ``machine``; returns a short description of what was done."""
+def push_buggy_code(settings: Settings, cluster_dir: Path, job: str, version: str = "v2-buggy") -> str:
+    """A bad code push, the way operators push code: an urgent code update through the action
+    service (which records it, so a rollback knows where to go back to)."""
+    from infra.bus import EventProducer
+    from schemas.base import now_ms
+    from schemas.control import Decision, stable_id
+    from schemas.enums import Action
+    from schemas.topics import DECISIONS
+    from trainguard.demo import codever
+
+    previous = codever.current_version(cluster_dir)
+    decision = Decision(
+        decision_id=stable_id("code-update", job, version, now_ms()),
+        ts_ms=now_ms(),
+        job=job,
+        action=Action.RESTART,
+        reason=f"operator code update to {version}",
+        evidence={"code_update": {"version": version, "urgent": True, "previous": previous}},
+    )
+    producer = EventProducer(settings.kafka)
+    try:
+        producer.send(decision, DECISIONS).get(timeout=30)
+    finally:
+        producer.close()
+    return f"urgent code update {previous} -> {version} pushed for {job}"
+
+
+def inject(
+    cluster_dir: Path, machine: str, kind: str, job: str = "", xid: int = 79, settings: Settings | None = None
+) -> str:
+    """Inject ``kind`` on ``machine``; returns a short description of what was done.
+
+    ``user-error`` with ``settings`` is a code push through the action service (the realistic
+    path); without them the machine's code version is switched directly.
+    """
+    if kind == "user-error" and settings is not None:
+        return push_buggy_code(settings, cluster_dir, job)
     if kind == "xid":
         _kernel_line(
             cluster_dir,

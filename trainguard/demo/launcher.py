@@ -122,6 +122,8 @@ def launch_job(
                     "RANK": str(rank), "WORLD_SIZE": str(spec.world_size),
                     "LOCAL_RANK": str(rank % spec.ranks_per_machine),
                     "TRAINGUARD_JOB": spec.job, "TRAINGUARD_NODE": machine,
+                    # Each machine's ranks report through that machine's own exporter.
+                    "TRAINGUARD_REPORTER_SOCKET": str(paths.machine(machine) / "reporter.sock"),
                 })  # fmt: skip
                 out, err = (paths.log(machine, spec.job, rank, s) for s in ("out", "err"))
                 argv = [python, "-m", "trainguard.demo.trainer", *spec.to_argv(rank)]
@@ -146,7 +148,12 @@ def launch_standby(
             )
             argv = [python, "-m", "trainguard.demo.standby", "--cluster-dir", str(cluster_dir),
                     "--machine", machine, "--slot", str(slot)]  # fmt: skip
-            env = _env({"TRAINGUARD_NODE": machine})
+            env = _env(
+                {
+                    "TRAINGUARD_NODE": machine,
+                    "TRAINGUARD_REPORTER_SOCKET": str(paths.machine(machine) / "reporter.sock"),
+                }
+            )
             handle.procs.append(RankProcess(machine, -1, _spawn(argv, out, err, env), out, err))
     except BaseException:
         stop_job(handle, grace_s=0)

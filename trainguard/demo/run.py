@@ -285,7 +285,7 @@ class Demo:
             machine = names[m % len(names)] if isinstance(m, int) else str(m)
             step_before = self.progress()[0]
             at = time.time()
-            what = inject(self.cluster, machine, item["fault"], job=self.job)
+            what = inject(self.cluster, machine, item["fault"], job=self.job, settings=self.settings)
             self.echo(f"[{at - self.t0:6.0f}s] INJECT {item['fault']:<16} {what}")
             ok = self._wait_steps(self.cfg.settle_steps + 2, self.cfg.incident_timeout_s, start=step_before)
             injected.append({"fault": item["fault"], "machine": machine, "injected_at": at, "progressed": ok})
@@ -345,7 +345,7 @@ class Demo:
     def stop(self) -> None:
         import signal
 
-        subprocess.run(["pkill", "-f", f"--cluster-dir {self.cluster}"], check=False)
+        subprocess.run(["pkill", "-f", "--", f"--cluster-dir {self.cluster}"], check=False)
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
