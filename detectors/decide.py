@@ -84,8 +84,12 @@ class DecisionPolicy:
         targets = self.targets(d, topology)
         if d.action is Action.EVICT and not targets.machines:
             return None  # nothing to evict: the detection stays on record for operators
-        # Evictions are per target; other actions act on the whole job, so one per job suffices.
-        key_targets = (tuple(targets.machines), tuple(targets.ranks)) if d.action is Action.EVICT else ()
+        # Evictions are per target; other actions act on the whole job, so one per job and fault
+        # category suffices (every rank reporting the same NaN is one fault; a NaN after a CPU
+        # overload is another).
+        key_targets = (
+            (tuple(targets.machines), tuple(targets.ranks)) if d.action is Action.EVICT else (d.category,)
+        )
         key = (d.job, d.action.value, key_targets)
         window_ms = int(self.config.dedup_window_s * 1000)
         event_ms = d.source_ts_ms or d.ts_ms

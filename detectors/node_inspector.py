@@ -37,6 +37,8 @@ class HostThresholds:
     cpu_overload_pct: float = field(default=98.0, metadata=rng(1, 100))
     disk_full_pct: float = field(default=97.0, metadata=rng(1, 100))
     mem_available_min_pct: float = field(default=2.0, metadata=rng(0, 100))
+    #: what sustained CPU overload recommends; "ignore" records it only (shared or simulated hosts).
+    cpu_overload_action: Action = Action.DIAGNOSE
 
 
 class NodeInspector:
@@ -135,7 +137,12 @@ class NodeInspector:
         findings: list[tuple[str, Severity, Action, dict[str, Any]]] = []
         if e.cpu_util_pct >= self.host.cpu_overload_pct:
             findings.append(
-                ("cpu_overload", Severity.WARNING, Action.DIAGNOSE, {"cpu_util_pct": e.cpu_util_pct})
+                (
+                    "cpu_overload",
+                    Severity.WARNING,
+                    self.host.cpu_overload_action,
+                    {"cpu_util_pct": e.cpu_util_pct},
+                )
             )
         for d in e.disks:
             if d.total_bytes and 100.0 * d.used_bytes / d.total_bytes >= self.host.disk_full_pct:

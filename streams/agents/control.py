@@ -1,6 +1,7 @@
 """Runtime configuration of detectors through the control topic (no restart).
 
-A ``set_threshold`` command carries ``{"path": "monitor.stall.stall_s", "value": 30}``; the
+A ``set_threshold`` command carries ``{"path": "monitor.stall.stall_s", "value": 30}`` (and
+optionally ``"app_id"`` to address one worker group; without it every worker applies it); the
 new worker config is validated as a whole (unknown paths and out-of-range values are rejected
 and logged) and pushed to the live detectors.  Every worker must apply every change, so this is
 not a group-consumed agent: each worker reads the whole control topic itself, from the start, so
@@ -69,6 +70,9 @@ def register(ctx: WorkerContext, on_change: Callable[[WorkerConfig], None]) -> N
             return
         if not isinstance(cmd, Command) or cmd.kind is not CommandKind.SET_THRESHOLD:
             return
+        target = cmd.args.get("app_id")
+        if target and target != ctx.cfg.app_id:
+            return  # meant for another worker group
         try:
             new = apply_change(ctx.cfg, str(cmd.args.get("path", "")), cmd.args.get("value"))
         except ConfigError as exc:

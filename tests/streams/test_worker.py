@@ -254,7 +254,7 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
                 ts_ms=t,
                 kind=CommandKind.SET_THRESHOLD,
                 job=job,
-                args={"path": "decide.dedup_window_s", "value": value},
+                args={"path": "decide.dedup_window_s", "value": value, "app_id": worker.app_id},
             ),
             topic=CONTROL,
         )
@@ -285,7 +285,7 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
             ts_ms=now_ms(),
             kind=CommandKind.SET_THRESHOLD,
             job=job,
-            args={"path": "decide.no_such_setting", "value": 1},
+            args={"path": "decide.no_such_setting", "value": 1, "app_id": worker.app_id},
         ),
         topic=CONTROL,
     )

@@ -117,9 +117,10 @@ COMMANDS = [decisions, record, replay]
 @click.command("set-threshold")
 @click.argument("path")
 @click.argument("value")
+@click.option("--app-id", default="", help="Only workers of this app id (default: every worker).")
 @click.pass_context
 @friendly_errors
-def set_threshold(ctx: click.Context, path: str, value: str) -> None:
+def set_threshold(ctx: click.Context, path: str, value: str, app_id: str) -> None:
     """Change a worker setting at runtime, e.g. `set-threshold monitor.stall.stall_s 300`.
 
     Every worker applies it without a restart (and workers started later too); the value is
@@ -142,7 +143,7 @@ def set_threshold(ctx: click.Context, path: str, value: str) -> None:
         command_id=uuid.uuid4().hex,
         ts_ms=now_ms(),
         kind=CommandKind.SET_THRESHOLD,
-        args={"path": path, "value": parsed},
+        args={"path": path, "value": parsed, **({"app_id": app_id} if app_id else {})},
     )
     producer = EventProducer(settings(ctx).kafka)
     producer.send(cmd, CONTROL)

@@ -159,6 +159,8 @@ class Demo:
                     "fail_slow_interval_s": 3.0,
                 },
                 "decide": {"dedup_window_s": 60.0},
+                # Every demo "machine" shares this host's CPUs: its load says nothing about one machine.
+                "host": {"cpu_overload_action": "ignore"},
             },
             "actions": {
                 "executor": "local",

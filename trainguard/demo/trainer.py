@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -161,7 +162,10 @@ def run_rank(spec: JobSpec, rank: int) -> int:
             optim.zero_grad(set_to_none=True)
             shared_loss = _share_loss(loss, ctx)
             hang_ckpt = faults.active("hang-checkpoint", step) is not None
-            waited = writer.submit(step, snapshot(stage, optim, step=step), hang=hang_ckpt)
+            # A non-finite loss means non-finite weights from here on: never make them the latest
+            # complete checkpoint, so a reattempt resumes from the last healthy step.
+            finite = math.isfinite(shared_loss)
+            waited = writer.submit(step, snapshot(stage, optim, step=step), hang=hang_ckpt) if finite else 0.0
             now = time.perf_counter()
             step_s, t_prev = now - t_prev, now
             if not slow:
