@@ -135,9 +135,10 @@ class RecoveryRunner:
 
     def _start(self, rec: Recovery) -> Recovery:
         d, now = rec.decision, self.clock()
-        merged_into = self._running_when_accepted(rec)
+        merged_into = self._running_when_accepted(rec, rollback=d.action is Action.ROLLBACK)
         if merged_into is not None and (
-            d.action is Action.DIAGNOSE or (d.action is Action.RESTART and code_update_of(d) is None)
+            d.action in (Action.DIAGNOSE, Action.ROLLBACK)
+            or (d.action is Action.RESTART and code_update_of(d) is None)
         ):
             # The running recovery stopped and restarted the whole job: this crash report is most
             # likely the stop itself, and escalating on it would roll back healthy code.
@@ -166,7 +167,9 @@ class RecoveryRunner:
                 return self._hold(rec, reason, plan.steps[0].key)
         return rec
 
-    def _running_when_accepted(self, rec: Recovery) -> str | None:
+    def _running_when_accepted(self, rec: Recovery, rollback: bool = False) -> str | None:
+        """The recovery that already covers ``rec`` (for a rollback: only another rollback, since
+        the crash of freshly pushed code must still roll it back)."""
         for other in reversed(self.store.recoveries(rec.job, limit=20)):
             if other.seq >= rec.seq or other.started_ms is None:
                 continue
@@ -176,6 +179,8 @@ class RecoveryRunner:
             # its report arrived later (ranks of the stopped generation die reporting errors).
             event_ms = _source_ms(rec.decision)
             stale = event_ms is not None and other.started_ms - _STALE_GRACE_MS <= event_ms <= finished
+            if rollback and other.path != "rollback":
+                continue
             if (during or stale) and other.state is S.SUCCEEDED and other.path != "queue_update":
                 return other.decision_id
         return None

@@ -94,10 +94,11 @@ class DecisionPolicy:
         window_ms = int(self.config.dedup_window_s * 1000)
         event_ms = d.source_ts_ms or d.ts_ms
         last = self._last.get(key)
-        if last is not None and 0 <= event_ms - last < window_ms:
+        # abs(): reports of one fault arrive out of order (rank 0's exit after rank 3's).
+        if last is not None and abs(event_ms - last) < window_ms:
             self.suppressed += 1
             return None
-        self._last[key] = event_ms
+        self._last[key] = max(event_ms, last or 0)
         self._last.move_to_end(key)
         while len(self._last) > self.config.max_remembered:
             self._last.popitem(last=False)

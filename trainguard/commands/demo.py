@@ -35,7 +35,14 @@ def demo(ctx: click.Context, scenario_file: str | None, summary_json: str | None
             raise click.BadParameter(
                 "a scenario is a list of {fault, machine} mappings", param_hint="--scenario"
             )
+    import signal
+
     d = Demo(settings(ctx), DemoConfig(), scenario)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # run the cleanup below on SIGTERM too, not only on Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         summary = d.run()
     finally:

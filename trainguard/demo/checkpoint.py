@@ -17,6 +17,7 @@ complete shard or backup on the job's current machines (an evicted machine's dis
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import io
@@ -145,8 +146,10 @@ class CheckpointWriter:
                     continue
                 for f in d.glob(f"rank-{self.rank:05d}.*"):
                     f.unlink(missing_ok=True)
-                if not any(d.iterdir()):
-                    shutil.rmtree(d, ignore_errors=True)
+                # Ranks sharing a backup peer prune the same step folder concurrently.
+                with contextlib.suppress(FileNotFoundError):
+                    if not any(d.iterdir()):
+                        shutil.rmtree(d, ignore_errors=True)
 
 
 def _manifests(spec: JobSpec) -> dict[int, dict[int, list[Path]]]:

@@ -180,6 +180,12 @@ class Demo:
 
     # -- the run --------------------------------------------------------------------------------
     def start(self) -> DemoSpec:
+        from infra.stack.procs import port_in_use
+
+        if port_in_use(self.cfg.web_port):
+            raise click.ClickException(
+                f"port {self.cfg.web_port} is in use: is another demo still running? (stop it first)"
+            )
         self.echo(f"[demo] stack: {Stack(self.settings).up().seconds:.1f}s; run dir {self.dir}")
         env = {"TRAINGUARD_CONFIG": str(self._config_file())}
         self._spawn("worker", [*self._tg(), "worker"], env)
