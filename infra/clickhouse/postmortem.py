@@ -133,9 +133,14 @@ def incidents(
     out = []
     for d in decs:
         ev = json.loads(d["evidence"] or "{}").get("detection", {})
-        det_rows = store.query(
-            "SELECT min(ts_ms), min(source_ts_ms) FROM detections FINAL WHERE has(%(ids)s, detection_id)",
-            {"ids": list(d["detection_ids"])},
+        ids = [str(i) for i in d["detection_ids"]]
+        det_rows = (
+            store.query(
+                "SELECT min(ts_ms), min(source_ts_ms) FROM detections FINAL WHERE has(%(ids)s, detection_id)",
+                {"ids": ids},
+            )
+            if ids  # an empty array literal has no element type on 18.16
+            else []
         )
         detected = int(det_rows[0][0]) if det_rows and det_rows[0][0] else int(d["ts_ms"])
         source = int(ev.get("source_ts_ms") or (det_rows[0][1] if det_rows else 0) or detected)

@@ -142,10 +142,15 @@ def cmdline_of(proc: Path, pid: int) -> str:
 
 
 def rank_of(proc: Path, pid: int, env_name: str) -> int | None:
+    """The rank from the process's environment (``RANK``), else from a ``--rank N`` argument."""
     try:
         value = parse_environ(_read_bytes(proc / str(pid) / "environ")).get(env_name)
     except OSError:  # not ours to read, or gone
-        return None
+        value = None
+    if value is None:
+        argv = cmdline_of(proc, pid).split()
+        if "--rank" in argv[:-1]:
+            value = argv[argv.index("--rank") + 1]
     try:
         return int(value) if value is not None else None
     except ValueError:
