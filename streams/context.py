@@ -9,17 +9,16 @@ instead of killing the agent.
 
 from __future__ import annotations
 
-import base64
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.bus import dead_letter_for
 from infra.config import Settings
-from schemas.base import Event, now_ms
+from schemas.base import Event
 from schemas.codec import DecodeError, decode, encode
-from schemas.control import DeadLetter
 from schemas.topics import BY_NAME, DEAD_LETTERS, TOPICS, Topic, topic_for
 from streams.config import WorkerConfig
 from streams.metrics import WorkerMetrics
@@ -90,23 +89,7 @@ class WorkerContext:
         if msg.topic == DEAD_LETTERS.name:
             log.error("garbage on the dead-letter topic itself at offset %s: %s", msg.offset, reason)
             return
-        raw: bytes = msg.value or b""
-        try:
-            payload, b64 = raw.decode("utf-8"), False
-        except UnicodeDecodeError:
-            payload, b64 = base64.b64encode(raw).decode(), True
-        key = msg.key.decode("utf-8", "replace") if isinstance(msg.key, bytes) else str(msg.key or "")
-        dl = DeadLetter(
-            ts_ms=now_ms(),
-            topic=msg.topic,
-            reason=f"[{agent}] {reason}"[:60_000],
-            stage=stage,
-            partition=msg.partition,
-            offset=msg.offset,
-            key=key[:4000],
-            payload=payload[:1_000_000],
-            payload_b64=b64,
-        )
+        dl = dead_letter_for(msg, f"[{agent}] {reason}", stage)  # Faust messages read like records
         self.metrics.dead_letters.labels(agent).inc()
         await self.emit(dl)
 
