@@ -96,6 +96,22 @@ class CodeUpdate:
     previous: str = ""
     forced: bool = False
 
+    def decision(self, job: str, decision_id: str, ts_ms: int, reason: str = "") -> Decision:
+        """The restart decision that carries this request (the inverse of :func:`code_update_of`)."""
+        raw: dict[str, object] = {"version": self.version, "urgent": self.urgent}
+        if self.previous:
+            raw["previous"] = self.previous
+        if self.forced:
+            raw["forced"] = True
+        return Decision(
+            decision_id=decision_id,
+            ts_ms=ts_ms,
+            job=job,
+            action=Action.RESTART,
+            reason=reason or f"operator code update to {self.version}",
+            evidence={"code_update": raw},
+        )
+
 
 def code_update_of(decision: Decision) -> CodeUpdate | None:
     raw = decision.evidence.get("code_update") if isinstance(decision.evidence, dict) else None

@@ -33,6 +33,7 @@ from typing import Any
 from actions.config import ActionsConfig
 from actions.executors import ExecutorEnv, create_executor
 from actions.executors.base import Executor
+from actions.plans import CodeUpdate
 from actions.progress import ProgressStore
 from actions.recovery import RecoveryRunner
 from actions.state import RecoveryState
@@ -41,7 +42,6 @@ from infra.config import Settings
 from schemas.base import now_ms
 from schemas.codec import DecodeError, decode
 from schemas.control import ActionEvent, Decision, JobSpec, stable_id
-from schemas.enums import Action
 from schemas.topics import ACTIONS, DECISIONS, JOBS
 
 log = logging.getLogger(__name__)
@@ -189,13 +189,11 @@ class ActionService:
         for ch in self.store.pending_updates():
             if not self.wanted(ch.job) or now - ch.requested_ms < limit_ms:
                 continue
-            forced = Decision(
-                decision_id=stable_id("forced-update", ch.decision_id, ch.version),
-                ts_ms=now,
-                job=ch.job,
-                action=Action.RESTART,
+            forced = CodeUpdate(ch.version, urgent=True, forced=True).decision(
+                ch.job,
+                stable_id("forced-update", ch.decision_id, ch.version),
+                now,
                 reason=f"lazy update {ch.version} waited {self.cfg.lazy_update_max_wait_s:g} s: forced",
-                evidence={"code_update": {"version": ch.version, "urgent": True, "forced": True}},
             )
             if self.accept(forced):
                 try:  # recorded next to the workers' decisions (and so in ClickHouse)

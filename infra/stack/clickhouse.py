@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
-from pathlib import Path
 from xml.sax.saxutils import escape
 
 from infra.config import StackConfig
@@ -163,7 +162,3 @@ def ping(url: str, timeout_s: float = 2.0) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
-
-
-def data_dir(home: Path) -> Path:
-    return home / "clickhouse" / "data"

@@ -150,18 +150,12 @@ def cancel(ctx: click.Context, decision_id: str) -> None:
 @friendly_errors
 def code_update(ctx: click.Context, job: str, version: str, urgent: bool, previous: str, reason: str) -> None:
     """Request a code change for a job (prints the decision id)."""
+    from actions.plans import CodeUpdate
     from infra.bus import EventProducer
-    from schemas.control import Decision
-    from schemas.enums import Action
     from schemas.topics import DECISIONS
 
-    decision = Decision(
-        decision_id=uuid.uuid4().hex,
-        ts_ms=now_ms(),
-        job=job,
-        action=Action.RESTART,
-        reason=reason or f"operator code update to {version}",
-        evidence={"code_update": {"version": version, "urgent": urgent, "previous": previous}},
+    decision = CodeUpdate(version, urgent=urgent, previous=previous).decision(
+        job, uuid.uuid4().hex, now_ms(), reason
     )
     producer = EventProducer(settings(ctx).kafka)
     try:

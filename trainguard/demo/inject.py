@@ -66,21 +66,17 @@ def _set_nic(cluster_dir: Path, machine: str, up: bool) -> None:
 def push_buggy_code(settings: Settings, cluster_dir: Path, job: str, version: str = "v2-buggy") -> str:
     """A bad code push, the way operators push code: an urgent code update through the action
     service (which records it, so a rollback knows where to go back to)."""
+    from actions.plans import CodeUpdate
     from infra.bus import EventProducer
     from schemas.base import now_ms
-    from schemas.control import Decision, stable_id
-    from schemas.enums import Action
+    from schemas.control import stable_id
     from schemas.topics import DECISIONS
     from trainguard.demo import codever
 
     previous = codever.current_version(cluster_dir)
-    decision = Decision(
-        decision_id=stable_id("code-update", job, version, now_ms()),
-        ts_ms=now_ms(),
-        job=job,
-        action=Action.RESTART,
-        reason=f"operator code update to {version}",
-        evidence={"code_update": {"version": version, "urgent": True, "previous": previous}},
+    ts = now_ms()
+    decision = CodeUpdate(version, urgent=True, previous=previous).decision(
+        job, stable_id("code-update", job, version, ts), ts
     )
     producer = EventProducer(settings.kafka)
     try:

@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,7 +380,3 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
         f"({summary['productive_s']:.0f}s productive)"
     )
     echo(f"Baseline ETTR (modelled: timeout detection + cold requeue): {summary['baseline_ettr']:.1%}")
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex[:8]
