@@ -6,11 +6,18 @@ group.  The demo writes the job's launch settings to ``<cluster_dir>/jobs/<job>.
 (:class:`trainguard.demo.config.JobSpec`); this executor applies the machine list of the JobSpec
 the action service hands it and (re)starts the ranks from the latest complete checkpoint.
 
+**Warm restarts.**  A restart wakes a pool of warm processes (torch already imported, see
+:mod:`trainguard.demo.standby`) on every machine that has one and cold-starts only the others;
+afterwards each machine of the job gets a fresh pool in the background (``warm_pools``), started
+``warm_delay_s`` late so it does not slow the ranks that are resuming.  This is the local form of
+ByteRobust's in-place restart: the expensive environment set-up is paid before the failure, not
+after it.
+
 Processes are found again through ``/proc`` (command line ``--cluster-dir D --job J`` and
-``--machine M``), not through handles, because the action service that restarts a job is not the
-process that first launched it -- and must find them again after its own restart.  Every method
-is idempotent: stopping stopped ranks, evicting an evicted machine or activating an active
-standby does nothing.
+``--machine M``; a woken pool process takes the trainer's command line), not through handles,
+because the action service that restarts a job is not the process that first launched it -- and
+must find them again after its own restart.  Every method is idempotent: stopping stopped ranks,
+evicting an evicted machine or activating an active standby does nothing.
 """
 
 from __future__ import annotations
@@ -45,13 +52,33 @@ class LocalConfig:
     #: standby machines are named <prefix><n>.
     standby_prefix: str = "standby-"
     diagnostics_timeout_s: float = field(default=30.0, metadata=rng(1, 3600))
+    #: start a node exporter on each standby machine it provisions (the demo's machines have none
+    #: otherwise; a real cluster's nodes come with theirs).
+    start_exporters: bool = True
+    #: warm pools kept per machine of the job (0: every restart cold-starts its processes).
+    warm_pools: int = field(default=1, metadata=rng(0, 4))
+    #: a new pool waits this long before importing torch (the restarted ranks go first).
+    warm_delay_s: float = field(default=8.0, metadata=rng(0, 600))
 
 
 def _cmdline(pid: int) -> list[str]:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return []
+    args = [a for a in raw.split("\0") if a]
+    # A renamed process (setproctitle: a woken warm process) has one space-separated title.
+    return args[0].split() if len(args) == 1 else args
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, waiting for a parent that may not be us) is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state letter follows the parenthesised command name, which may itself hold ") ".
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -106,23 +133,38 @@ class LocalExecutor:
             machine = _flag(argv, "--machine")
             if "trainguard.demo.trainer" in argv:
                 mine = _flag(argv, "--job") == job
-            elif "trainguard.demo.standby" in argv:  # a woken standby runs the job's ranks in place
-                mine = self._activated_for(machine) == job
+            elif "trainguard.demo.standby" in argv:  # woken, before it took the trainer's title
+                mine = self._activated_for(machine, _flag(argv, "--pool")) == job
             else:
                 continue
             if mine and (machines is None or machine in machines):
                 pids.append(int(entry.name))
         return pids
 
-    def _activated_for(self, machine: str | None) -> str | None:
+    def _activated_for(self, machine: str | None, pool: str | None) -> str | None:
         try:
-            return str(
-                json.loads(
-                    (self.cluster / "machines" / str(machine) / "standby" / "activate.json").read_text()
-                )["job"]
-            )
+            path = self.cluster / "machines" / str(machine) / "standby" / str(pool) / "activate.json"
+            return str(json.loads(path.read_text())["job"])
         except (OSError, ValueError, KeyError):
             return None
+
+    def _spares(self, machine: str) -> dict[str, list[int]]:
+        """Pool -> pids of ``machine``'s warm processes that are not activated (starting or ready)."""
+        pools: dict[str, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            argv = _cmdline(int(entry.name))
+            if (
+                "trainguard.demo.standby" in argv
+                and _flag(argv, "--cluster-dir") == str(self.cluster)
+                and _flag(argv, "--machine") == machine
+                and _alive(int(entry.name))
+            ):
+                pool = str(_flag(argv, "--pool"))
+                if self._activated_for(machine, pool) is None:
+                    pools.setdefault(pool, []).append(int(entry.name))
+        return pools
 
     def _kill(self, pids: list[int]) -> None:
         for sig, wait in ((signal.SIGTERM, self.cfg.stop_grace_s), (signal.SIGKILL, 5.0)):
@@ -130,17 +172,18 @@ class LocalExecutor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)  # each rank leads its group: its DataLoader worker goes too
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and any(
-                Path(f"/proc/{p}").exists() and _cmdline(p) for p in pids
-            ):
-                time.sleep(0.1)
+            while time.monotonic() < deadline and any(_alive(p) for p in pids):
+                time.sleep(0.05)
+            if not any(_alive(p) for p in pids):
+                return
 
     # -- the Executor protocol ----------------------------------------------------------------
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         self._kill(self._ranks(spec.job))
 
     def evict(self, spec: JobSpec, machines: list[str], ctx: StepContext) -> None:
-        self._kill(self._ranks(spec.job, set(machines)))
+        spares = [pid for m in machines for pids in self._spares(m).values() for pid in pids]
+        self._kill(self._ranks(spec.job, set(machines)) + spares)  # the machine leaves with its pools
         for m in machines:
             d = self.cluster / "machines" / m
             d.mkdir(parents=True, exist_ok=True)
@@ -148,6 +191,7 @@ class LocalExecutor:
 
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
         from trainguard.demo.launcher import launch_standby
+        from trainguard.demo.node import start_exporter
 
         demo = self.demo_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
         state = self._load_state()
@@ -157,7 +201,9 @@ class LocalExecutor:
             state["standby_seq"] = n + 1
             self._save_state(state)  # a name is never reused, even if the launch below fails
             name = f"{self.cfg.standby_prefix}{n}"
-            launch_standby(self.cluster, name, demo.ranks_per_machine)
+            launch_standby(self.cluster, name, demo.ranks_per_machine, warm_delay_s=self.cfg.warm_delay_s)
+            if self.cfg.start_exporters:
+                start_exporter(self.cluster, name, job)  # a machine comes with its node agent
             names.append(name)
         return names
 
@@ -170,7 +216,7 @@ class LocalExecutor:
             raise TemporaryError(f"standby machines {missing} have not started yet", delay=2.0)
 
     def restart(self, spec: JobSpec, ctx: StepContext) -> None:
-        from trainguard.demo.launcher import activate_standby, launch_job, standby_ready
+        from trainguard.demo.launcher import activate_standby, launch_job, ready_pools
 
         if self._ranks(spec.job):
             self.stop(spec, ctx)  # a restart always starts every rank fresh from the checkpoint
@@ -180,22 +226,25 @@ class LocalExecutor:
         self._save_state(state)
         demo = self.demo_spec(spec)
         demo = replace(demo, master_port=self.cfg.port_base + gen % self.cfg.port_span)
-        woken, launch = [], []
-        for m in demo.machine_names():
-            standby_dir = self.cluster / "machines" / m / "standby"
-            if (
-                standby_dir.exists()
-                and standby_ready(self.cluster, m, demo.ranks_per_machine)
-                and not (self.cluster / "machines" / m / "standby" / "activate.json").exists()
-            ):
-                woken.append(m)
-            else:
-                launch.append(m)
-        launch_job(demo, machines=launch)
-        for m in woken:
-            activate_standby(demo, m)
-        # Persist what the job now runs on, for the demo and for the next restart.
+        # Persist what the job runs on before waking anyone: the demo and the next restart read it.
         (self.cluster / "jobs" / f"{spec.job}.json").write_text(demo.to_json())
+        cold = []
+        for m in demo.machine_names():
+            ready = ready_pools(self.cluster, m, demo.ranks_per_machine)
+            if ready:
+                activate_standby(demo, m, ready[0])
+            else:
+                cold.append(m)
+        launch_job(demo, machines=cold)
+        self._replenish(demo.machine_names(), demo.ranks_per_machine)
+
+    def _replenish(self, machines: list[str], slots: int) -> None:
+        """Start a warm pool on each machine that has fewer than ``warm_pools`` spare ones."""
+        from trainguard.demo.launcher import launch_standby
+
+        for m in machines:
+            for _ in range(self.cfg.warm_pools - len(self._spares(m))):
+                launch_standby(self.cluster, m, slots, warm_delay_s=self.cfg.warm_delay_s)
 
     def hot_update(self, spec: JobSpec, version: str, ctx: StepContext) -> None:
         from trainguard.demo import codever

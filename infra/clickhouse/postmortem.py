@@ -3,7 +3,9 @@
 **ETTR** (ByteRobust: productive training time / wall-clock time of the job).  Productive time
 is the step time of every step that *survived*: when a job restarts from a checkpoint, the steps
 after that checkpoint are recomputed, and only their last occurrence counts (``argMax`` by
-``ts_ms``); the lost work is unproductive.  Wall-clock runs from the start of the first step to
+``ts_ms``); the lost work is unproductive, and so is a surviving step whose loss is NaN or
+infinite (its update made the weights worse, not better: a job that trains on through a NaN
+is not productive however fast it steps).  Wall-clock runs from the start of the first step to
 the end of the last.  The 1-hour sliding ETTR applies the same rule to steps that ended within
 each hour-long window.  One rank (0 by default) stands for the job: every rank steps together.
 
@@ -15,6 +17,7 @@ each hour-long window.  One rank (0 by default) stands for the job: every rank s
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,13 +40,14 @@ class Ettr:
 
 
 def _steps(store: ClickHouseStore, job: str, rank: int) -> list[tuple[int, int, float]]:
-    """(step, end ts_ms, step_time_s) of every occurrence of every step of ``rank``, by time."""
+    """(step, end ts_ms, productive seconds) of every occurrence of every step of ``rank``, by
+    time; a step with a non-finite loss is 0 productive seconds."""
     rows = store.query(
-        "SELECT step, ts_ms, ifNull(step_time_s, 0) FROM training_steps FINAL "
+        "SELECT step, ts_ms, ifNull(step_time_s, 0), ifNull(loss, 0) FROM training_steps FINAL "
         "WHERE job = %(j)s AND rank = %(r)s ORDER BY ts_ms",
         {"j": job, "r": rank},
     )
-    return [(int(s), int(t), float(d)) for s, t, d in rows]
+    return [(int(s), int(t), float(d) if math.isfinite(float(x)) else 0.0) for s, t, d, x in rows]
 
 
 def ettr(store: ClickHouseStore, job: str, rank: int = 0) -> Ettr:

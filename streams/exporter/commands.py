@@ -56,6 +56,19 @@ def _number(args: dict[str, Any], name: str, default: float | None, lo: float, h
     return float(value)
 
 
+def capture_id_of(cmd_id: str, args: dict[str, Any]) -> str:
+    """The capture a capture command belongs to: ``args.capture_id``, shared by the commands sent
+    to every machine of the job (the aggregator joins their dumps on it); else the command's id.
+
+    >>> capture_id_of("c1", {}), capture_id_of("c1", {"capture_id": "cap9"})
+    ('c1', 'cap9')
+    """
+    cid = args.get("capture_id", cmd_id)
+    if not isinstance(cid, str) or not cid:
+        raise ValueError(f"capture_id must be a non-empty string, got {cid!r}")
+    return cid
+
+
 def capture_args(args: dict[str, Any], max_rounds: int) -> tuple[int, float]:
     """(rounds, interval_s) of a capture command; ValueError if malformed.
 

@@ -16,7 +16,7 @@ from infra.config import KafkaConfig
 from schemas.base import now_ms
 from schemas.control import Command, CommandKind
 from schemas.telemetry import SourceHealth
-from streams.exporter.commands import CommandListener, capture_args, interval_args
+from streams.exporter.commands import CommandListener, capture_args, capture_id_of, interval_args
 from streams.exporter.config import ExporterConfig
 from streams.exporter.delivery import Delivery
 from streams.exporter.runner import Exporter
@@ -56,9 +56,10 @@ class ExporterService:
     def handle(self, cmd: Command) -> None:
         """Act on one command for this node (ValueError: malformed, reported by the listener)."""
         if cmd.kind is CommandKind.CAPTURE_STACKS:
+            capture_id = capture_id_of(cmd.command_id, cmd.args)
             rounds, interval = capture_args(cmd.args, self.cfg.stacks.max_rounds)
-            log.info("capture %s: %d round(s) every %.1f s", cmd.command_id, rounds, interval)
-            self.stacks.request(cmd.command_id, rounds, interval)
+            log.info("capture %s: %d round(s) every %.1f s", capture_id, rounds, interval)
+            self.stacks.request(capture_id, rounds, interval)
         elif cmd.kind is CommandKind.SET_INTERVAL:
             source, seconds = interval_args(cmd.args)
             self.exporter.set_interval(source, seconds)

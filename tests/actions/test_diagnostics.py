@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
-from actions.diagnostics import LocalFaults, alignment_digest, ring_pairs, run_local
+from actions import diagnostics
+from actions.diagnostics import LocalFaults, alignment_digest, free_port, prewarm, ring_pairs, run_local
 
 
 def test_alignment_digest_is_bitwise_reproducible_and_sensitive() -> None:
@@ -33,3 +38,59 @@ def test_unreachable_machine_fails_connectivity_and_two_machines_cannot_outvote(
     assert {r.machine for r in three if not r.passed} == {"c"}
     two = run_local(["a", "b"], ["alignment"], LocalFaults(perturb=frozenset({"b"})))
     assert all(not r.passed and "no majority" in r.detail for r in two)
+
+
+# --- the test server: each test forked from a process that already imported torch ----------------
+
+
+def _stuck_connectivity() -> dict[str, object]:
+    """A rank whose peer never comes: it waits in the gloo rendezvous until killed."""
+    return {"rank": 0, "world": 2, "port": free_port(), "timeout_s": 120.0}
+
+
+@pytest.mark.slow
+def test_repeated_runs_fork_fresh_processes_from_the_warm_server_and_agree_bit_for_bit() -> None:
+    assert prewarm()
+    server = diagnostics._get_server()
+    faults = LocalFaults(perturb=frozenset({"m1"}))
+    first = run_local(["m0", "m1", "m2"], ["alignment"], faults, timeout_s=20)
+    second = run_local(["m0", "m1", "m2"], ["alignment"], faults, timeout_s=20)
+    assert diagnostics._get_server() is server  # served by the same, prewarmed server
+    for results in (first, second):
+        assert [(r.machine, r.passed) for r in results] == [("m0", True), ("m1", False), ("m2", True)]
+    assert [r.detail for r in first] == [r.detail for r in second]
+    # the digests are those of a step in this very process, and each test ran in its own process
+    answers = diagnostics._run_tests([("alignment", {"perturb": p}) for p in (False, False, True)], 20)
+    assert [a["digest"] for a in answers] == [alignment_digest()] * 2 + [alignment_digest(perturb=True)]
+    pids = {a["pid"] for a in answers}
+    assert len(pids) == 3 and not pids & {os.getpid(), server.proc.pid}
+
+
+@pytest.mark.slow
+def test_a_killed_test_fails_and_a_stuck_one_is_killed_at_the_timeout() -> None:
+    server = diagnostics._get_server()
+    job = server.submit("connectivity", _stuck_connectivity())
+    deadline = time.monotonic() + 60
+    while job.pid is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.pid is not None
+    os.kill(job.pid, signal.SIGKILL)
+    assert job.done.wait(30)
+    assert job.answer() == {"ok": False, "detail": "exit -9 (SIGKILL) without an answer"}
+
+    (answer,) = diagnostics._run_tests([("connectivity", _stuck_connectivity())], timeout_s=1)
+    assert answer == {"ok": False, "detail": "no answer within 1 s"}
+    assert not server.jobs and server.alive()  # the stuck child was killed and reaped
+    assert all(r.passed for r in run_local(["a", "b"], ["connectivity"], timeout_s=20))
+
+
+@pytest.mark.slow
+def test_a_dead_server_fails_what_it_was_running_and_is_replaced() -> None:
+    server = diagnostics._get_server()
+    job = server.submit("connectivity", _stuck_connectivity())
+    server.proc.kill()
+    assert job.done.wait(30)
+    assert not job.answer()["ok"] and "diagnostics server exited" in str(job.answer()["detail"])
+    results = run_local(["a", "b", "c"], ["alignment"], LocalFaults(perturb=frozenset({"b"})), timeout_s=20)
+    assert diagnostics._get_server() is not server
+    assert {r.machine for r in results if not r.passed} == {"b"}

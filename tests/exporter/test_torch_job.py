@@ -111,11 +111,12 @@ def test_torch_job_steps_and_stack_capture(stack_settings: Settings, tmp_path: P
         producer = EventProducer(stack_settings.kafka)
         producer.send(
             Command(
-                command_id=capture,
+                # The aggregator sends one command per machine, all under one capture id.
+                command_id=f"{capture}-{node}",
                 ts_ms=now_ms(),
                 kind=CommandKind.CAPTURE_STACKS,
                 node=node,
-                args={"rounds": 1},
+                args={"rounds": 1, "capture_id": capture},
             ),
             COMMANDS,
         ).get(timeout=30)

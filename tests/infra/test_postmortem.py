@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from infra.clickhouse.postmortem import ettr, incidents, sliding_ettr
@@ -36,6 +38,16 @@ def test_ettr_counts_recomputed_steps_and_downtime_as_unproductive(store: ClickH
     windows = sliding_ettr(store, "j", window_ms=10_000)
     assert windows[-1][1] == pytest.approx(1.0)  # the last 10 s were all productive
     assert min(w for _, w in windows) < 0.7  # the window over the outage was not
+
+
+def test_ettr_does_not_count_steps_with_a_nan_loss(store: ClickHouseStore) -> None:
+    # 10 steps of 1 s; steps 6..9 trained on through a NaN loss and were never recomputed.
+    steps = [
+        replace(e, loss=float("nan") if e.step >= 6 else 2.0) for e in _steps("nan-job", range(10), T0)
+    ]
+    store.insert_events(steps)
+    e = ettr(store, "nan-job")
+    assert e.productive_s == pytest.approx(6.0) and e.wall_s == pytest.approx(10.0)
 
 
 def test_ettr_of_unknown_job_is_zero(store: ClickHouseStore) -> None:

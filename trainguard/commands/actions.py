@@ -44,6 +44,11 @@ def _run(ctx: click.Context) -> None:
     from actions.service import ActionService
 
     service = ActionService(settings(ctx), _config(ctx))
+    if service.executor.name == "local" and service.cfg.diagnostics:
+        from actions.diagnostics import prewarm
+
+        # Start the stop-time tests' torch server now, not in the first recovery (seconds).
+        threading.Thread(target=prewarm, name="diagnostics-prewarm", daemon=True).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

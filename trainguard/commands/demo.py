@@ -22,9 +22,17 @@ from trainguard.context import friendly_errors, settings
 )
 @click.option("--summary-json", type=click.Path(dir_okay=False), help="Also write the result as JSON.")
 @click.option("--keep", is_flag=True, help="Leave the cluster, worker and action service running.")
+@click.option(
+    "--baseline/--no-baseline",
+    default=True,
+    show_default=True,
+    help="Run the same scenario on a second job under the baseline policy (timeout + cold requeue).",
+)
 @click.pass_context
 @friendly_errors
-def demo(ctx: click.Context, scenario_file: str | None, summary_json: str | None, keep: bool) -> None:
+def demo(
+    ctx: click.Context, scenario_file: str | None, summary_json: str | None, keep: bool, baseline: bool
+) -> None:
     """Run a real PyTorch job on a local cluster through injected faults; print timeline and ETTR."""
     from trainguard.demo.run import DEFAULT_SCENARIO, Demo, DemoConfig, print_timeline
 
@@ -37,7 +45,7 @@ def demo(ctx: click.Context, scenario_file: str | None, summary_json: str | None
             )
     import signal
 
-    d = Demo(settings(ctx), DemoConfig(), scenario)
+    d = Demo(settings(ctx), DemoConfig(baseline=baseline), scenario)
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # run the cleanup below on SIGTERM too, not only on Ctrl-C

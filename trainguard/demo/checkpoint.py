@@ -137,8 +137,10 @@ class CheckpointWriter:
             self._error = exc
 
     def _prune(self, step: int) -> None:
-        """Drop this rank's shards older than the newest ``keep_checkpoints`` steps."""
-        horizon = step - self.spec.keep_checkpoints
+        """Drop this rank's shards older than the newest ``keep_checkpoints`` checkpoints."""
+        # In checkpoints, not steps: with periodic checkpoints a rank that wrote step S must keep
+        # S - every, which is the latest complete step while a peer is still writing (or died in) S.
+        horizon = step - self.spec.keep_checkpoints * self.spec.checkpoint_every
         for machine, backup in self._targets():
             root = self.paths.ckpt_root(machine, self.spec.job, backup=backup)
             for d in root.glob("step-*"):

@@ -12,7 +12,8 @@ the trainer's command line (:meth:`JobSpec.to_argv`).  :class:`ClusterPaths` nam
     <cluster_dir>/machines/<m>/ckpt/<job>/backup/step-<S>/rank-<R>.pt (+ .json)  peers' shards
     <cluster_dir>/machines/<m>/run/<job>/rank-<R>.json  per-step heartbeat / progress
     <cluster_dir>/machines/<m>/logs/<job>/rank-<R>.out|.err   the rank's stdout / stderr
-    <cluster_dir>/machines/<m>/standby/activate.json    activation of a warm standby machine
+    <cluster_dir>/machines/<m>/standby/<pool>/slot-<I>.json   a warm process, ready (see standby)
+    <cluster_dir>/machines/<m>/standby/<pool>/activate.json   the job spec that wakes the pool
 
 >>> spec = JobSpec(job="j", cluster_dir="/c", tp=2, pp=2, dp=1, ranks_per_machine=2, machines=["a", "b"])
 >>> spec.world_size, spec.machine_of_rank(3), spec.ranks_on("b")
@@ -67,8 +68,15 @@ class JobSpec:
     lr: float = 3e-3
     clip_norm: float = 1.0
     seed: int = 1234
-    #: checkpoint steps kept on disk per rank (own shards and backups); older ones are pruned.
+    #: checkpoints kept on disk per rank (own shards and backups); older ones are pruned.
     keep_checkpoints: int = 3
+    #: checkpoint every this many steps (1 = every step, ByteRobust's in-memory style; a baseline
+    #: with remote storage checkpoints every ~50-100 steps and loses the work since the last one).
+    checkpoint_every: int = 1
+    #: raise ``FloatingPointError`` on a non-finite loss (Megatron's check_for_nan_in_loss_and_grad),
+    #: so a NaN ends the job instead of training on; TrainGuard's job keeps False (it detects NaN
+    #: from the step telemetry).
+    nan_check: bool = False
     #: sleep after each step; slows the job down for a watchable live view (0 = full speed).
     step_delay_s: float = 0.0
     #: collective timeout: a rank blocked on a hung peer fails after this (NCCL's default ~10 min).
@@ -78,6 +86,8 @@ class JobSpec:
     model: ModelConfig = field(default_factory=ModelConfig)
 
     def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 1")
         names = self.machine_names()
         if len(set(names)) != len(names):
             raise ValueError(f"machine names must be distinct: {names}")
@@ -144,7 +154,8 @@ class JobSpec:
             "--steps", str(self.steps), "--micro-batch", str(self.micro_batch),
             "--microbatches", str(self.microbatches), "--lr", repr(self.lr),
             "--clip-norm", repr(self.clip_norm), "--seed", str(self.seed),
-            "--keep-checkpoints", str(self.keep_checkpoints), "--step-delay", repr(self.step_delay_s),
+            "--keep-checkpoints", str(self.keep_checkpoints),
+            "--checkpoint-every", str(self.checkpoint_every), "--step-delay", repr(self.step_delay_s),
             "--pg-timeout", repr(self.pg_timeout_s), "--d-model", str(m.d_model),
             "--heads", str(m.n_heads), "--layers", str(m.n_layers), "--d-ff", str(m.d_ff),
             "--seq-len", str(m.seq_len),
@@ -152,6 +163,7 @@ class JobSpec:
         if self.reporter_socket:
             argv += ["--reporter-socket", self.reporter_socket]
         argv.append("--resume" if self.resume else "--no-resume")
+        argv.append("--nan-check" if self.nan_check else "--no-nan-check")
         return argv
 
 
@@ -184,8 +196,14 @@ class ClusterPaths:
     def log(self, machine: str, job: str, rank: int, stream: str) -> Path:
         return self.machine(machine) / "logs" / job / f"rank-{rank:05d}.{stream}"
 
-    def activation(self, machine: str) -> Path:
-        return self.machine(machine) / "standby" / "activate.json"
+    def pools(self, machine: str) -> Path:
+        return self.machine(machine) / "standby"
+
+    def pool(self, machine: str, pool: str) -> Path:
+        return self.pools(machine) / pool
+
+    def activation(self, machine: str, pool: str) -> Path:
+        return self.pool(machine, pool) / "activate.json"
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:

@@ -11,7 +11,8 @@ Each rank runs ``python -m trainguard.demo.trainer <spec.to_argv(rank)>`` in its
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``TRAINGUARD_JOB``/``TRAINGUARD_NODE`` in its environment
 and stdout/stderr appended to ``machines/<m>/logs/<job>/rank-R.out|.err``.  A machine replaced
 by a standby: ``spec2 = spec.replace_machine("m2", "s0")``, ``launch_job(spec2,
-machines=[others])`` and :func:`activate_standby` ``(spec2, "s0")``.
+machines=[others])`` and :func:`activate_standby` ``(spec2, "s0")``, which wakes a pool of warm
+processes started by :func:`launch_standby` (see :mod:`.standby`).
 
 CLI (runs a whole job in the foreground; Ctrl-C stops it): ``python -m trainguard.demo.launcher
 --cluster-dir D --job J --tp 2 --pp 2 --dp 2 --ranks-per-machine 2 --steps 100``.
@@ -135,19 +136,25 @@ def launch_job(
 
 
 def launch_standby(
-    cluster_dir: str | os.PathLike[str], machine: str, slots: int, python: str = sys.executable
+    cluster_dir: str | os.PathLike[str],
+    machine: str,
+    slots: int,
+    python: str = sys.executable,
+    pool: str | None = None,
+    warm_delay_s: float = 0.0,
 ) -> JobHandle:
-    """Start ``slots`` warm standby processes for ``machine`` (any old activation is removed)."""
+    """Start a pool of ``slots`` warm processes on ``machine`` (a new pool id unless ``pool``)."""
     paths = ClusterPaths(Path(cluster_dir))
-    paths.activation(machine).unlink(missing_ok=True)
+    pool = pool or f"{time.time_ns():x}"  # ordered by creation: the oldest ready pool is woken first
+    paths.activation(machine, pool).unlink(missing_ok=True)
     handle = JobHandle(None)
     try:
         for slot in range(slots):
-            out, err = (
-                paths.machine(machine) / "logs" / "standby" / f"slot-{slot}.{s}" for s in ("out", "err")
-            )
+            logs = paths.machine(machine) / "logs" / "standby"
+            out, err = (logs / f"{pool}-slot-{slot}.{s}" for s in ("out", "err"))
             argv = [python, "-m", "trainguard.demo.standby", "--cluster-dir", str(cluster_dir),
-                    "--machine", machine, "--slot", str(slot)]  # fmt: skip
+                    "--machine", machine, "--pool", pool, "--slot", str(slot),
+                    "--warm-delay", repr(warm_delay_s)]  # fmt: skip
             env = _env(
                 {
                     "TRAINGUARD_NODE": machine,
@@ -161,17 +168,52 @@ def launch_standby(
     return handle
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")  # a zombie is dead
+
+
+def ready_pools(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -> list[str]:
+    """Pools of ``machine`` whose ``slots`` processes are all waiting (oldest first)."""
+    paths = ClusterPaths(Path(cluster_dir))
+    try:
+        pools = sorted(d.name for d in paths.pools(machine).iterdir() if d.is_dir())
+    except FileNotFoundError:
+        return []
+    ready = []
+    for pool in pools:
+        if paths.activation(machine, pool).exists():
+            continue
+        try:
+            status = [
+                json.loads((paths.pool(machine, pool) / f"slot-{i}.json").read_text()) for i in range(slots)
+            ]
+        except (OSError, ValueError):
+            continue
+        if all(s.get("status") == "standby" and _pid_alive(int(s.get("pid", 0))) for s in status):
+            ready.append(pool)
+    return ready
+
+
 def standby_ready(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -> bool:
-    """True once every slot has announced itself (torch imported, waiting)."""
-    d = ClusterPaths(Path(cluster_dir)).machine(machine) / "standby"
-    return all((d / f"slot-{i}.json").exists() for i in range(slots))
+    """True once a pool of ``slots`` processes on ``machine`` is waiting (torch imported)."""
+    return bool(ready_pools(cluster_dir, machine, slots))
 
 
-def activate_standby(spec: JobSpec, machine: str) -> None:
-    """Wake ``machine``'s standby processes into ``spec`` (which must list ``machine``)."""
+def activate_standby(spec: JobSpec, machine: str, pool: str | None = None) -> str:
+    """Wake a ready pool of ``machine`` (default: the oldest) into ``spec``; returns the pool."""
     if machine not in spec.machine_names():
         raise ValueError(f"{machine!r} is not a machine of the job spec: {spec.machine_names()}")
-    write_atomic(spec.paths().activation(machine), spec.to_json())
+    if pool is None:
+        ready = ready_pools(spec.cluster_dir, machine, spec.ranks_per_machine)
+        if not ready:
+            raise RuntimeError(f"no warm pool of {spec.ranks_per_machine} processes is ready on {machine}")
+        pool = ready[0]
+    write_atomic(spec.paths().activation(machine, pool), spec.to_json())
+    return pool
 
 
 def _kill_group(p: RankProcess, sig: int) -> None:

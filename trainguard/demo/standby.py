@@ -1,13 +1,23 @@
-"""A warm standby rank process (ByteRobust §6.2): imported and ready, waiting to be activated.
+"""A warm rank process (ByteRobust §6.2): imported and ready, waiting to be activated.
 
-``python -m trainguard.demo.standby --cluster-dir D --machine S --slot I`` imports torch and the
-whole trainer (the slow part of a cold start), announces itself in
-``machines/S/standby/slot-I.json`` and polls ``machines/S/standby/activate.json``.  The action
-service activates the machine with :func:`trainguard.demo.launcher.activate_standby`, which writes
-the job spec there with ``S`` in place of the evicted machine; slot ``I`` then becomes the
-machine's ``I``-th rank and runs :func:`~trainguard.demo.trainer.run_rank` in this process, which
-resumes from the latest complete checkpoint (its shards come from the backup peers, since S's own
-disk has none).
+``python -m trainguard.demo.standby --cluster-dir D --machine S --pool P --slot I`` imports torch
+and the whole trainer (the slow part of a cold start), announces itself in
+``machines/S/standby/P/slot-I.json`` and polls ``machines/S/standby/P/activate.json``.  Slots
+of one pool are woken together: :func:`trainguard.demo.launcher.activate_standby` writes the job
+spec there, and slot ``I`` becomes the machine's ``I``-th rank and runs
+:func:`~trainguard.demo.trainer.run_rank` in this process, resuming from the latest complete
+checkpoint (from the backup peers when the machine's own disk has none).
+
+Pools serve two purposes: a *standby machine* (one that replaces an evicted machine) and the
+*warm restart* of a job's own machines -- after each restart the local executor starts a fresh
+pool on every machine of the job, so the next restart wakes processes instead of cold-starting
+them (:mod:`actions.executors.local`).  ``--warm-delay`` postpones the heavy imports so a pool
+started right after a restart does not compete with the ranks that are resuming.
+
+Once activated, the process renames itself (``setproctitle``) to the command line the trainer
+would have had (``python -m trainguard.demo.trainer --job J --rank R --machine S ...``):
+node agents and operators find ranks by their command line, and a woken standby must look like
+the rank it has become, not like an idle spare.
 """
 
 from __future__ import annotations
@@ -21,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.demo.config import ClusterPaths, JobSpec, write_atomic
-from trainguard.demo.trainer import run_rank
 
 
 @dataclass(frozen=True)
@@ -29,15 +38,16 @@ class StandbyConfig:
     cluster_dir: str
     machine: str
     slot: int
-    poll_s: float = 0.2
+    pool: str = "0"
+    poll_s: float = 0.1
 
 
 def wait_for_activation(cfg: StandbyConfig) -> tuple[JobSpec, int]:
-    """Block until the machine is activated; returns the job and this slot's rank."""
+    """Block until the pool is activated; returns the job and this slot's rank."""
     paths = ClusterPaths(Path(cfg.cluster_dir))
-    status = paths.machine(cfg.machine) / "standby" / f"slot-{cfg.slot}.json"
+    status = paths.pool(cfg.machine, cfg.pool) / f"slot-{cfg.slot}.json"
     write_atomic(status, json.dumps({"status": "standby", "pid": os.getpid(), "ts": time.time()}))
-    activation = paths.activation(cfg.machine)
+    activation = paths.activation(cfg.machine, cfg.pool)
     while True:
         try:
             spec = JobSpec.from_json(activation.read_text())
@@ -52,16 +62,37 @@ def wait_for_activation(cfg: StandbyConfig) -> tuple[JobSpec, int]:
     return spec, rank
 
 
+def become_rank(spec: JobSpec, rank: int) -> None:
+    """Take the identity of ``rank``: environment for code in this process, title for outsiders."""
+    import setproctitle
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank % spec.ranks_per_machine),
+        TRAINGUARD_JOB=spec.job, TRAINGUARD_NODE=spec.machine_of_rank(rank),
+    )  # fmt: skip
+    setproctitle.setproctitle(
+        " ".join([sys.executable, "-m", "trainguard.demo.trainer", *spec.to_argv(rank)])
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainguard.demo.standby", description="a warm standby rank")
     p.add_argument("--cluster-dir", required=True)
     p.add_argument("--machine", required=True)
     p.add_argument("--slot", type=int, required=True)
-    p.add_argument("--poll", type=float, default=0.2)
+    p.add_argument("--pool", default="0")
+    p.add_argument("--poll", type=float, default=0.1)
+    p.add_argument("--warm-delay", type=float, default=0.0, help="seconds to wait before importing torch")
     a = p.parse_args(argv)
-    spec, rank = wait_for_activation(StandbyConfig(a.cluster_dir, a.machine, a.slot, a.poll))
-    os.environ["RANK"] = str(rank)  # for tools that look the rank up in the environment
-    print(f"standby {a.machine}/{a.slot} activated as rank {rank} of job {spec.job}", flush=True)
+    if a.warm_delay > 0:
+        time.sleep(a.warm_delay)
+    from trainguard.demo.trainer import prewarm, run_rank  # the heavy part: torch and the model code
+
+    prewarm()
+
+    spec, rank = wait_for_activation(StandbyConfig(a.cluster_dir, a.machine, a.slot, a.pool, a.poll))
+    become_rank(spec, rank)
+    print(f"standby {a.machine}/{a.pool}/{a.slot} activated as rank {rank} of job {spec.job}", flush=True)
     return run_rank(spec, rank)
 
 

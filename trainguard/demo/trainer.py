@@ -5,9 +5,10 @@
 (:meth:`JobSpec.to_argv` writes the full flag list; :mod:`.launcher` starts every rank).
 
 Per step the rank polls its machine's faults and the code version (in-place hot update), runs the
-pipeline schedule, averages gradients over DP, clips by the global norm, steps AdamW, hands a
-snapshot to the checkpoint writer, reports ``loss``/``grad_norm``/``tokens`` through
-:class:`streams.reporter.Reporter` and rewrites its progress file
+pipeline schedule, averages gradients over DP, clips by the global norm, steps AdamW (with
+``--nan-check``, a non-finite loss then raises ``FloatingPointError``), hands a snapshot to the
+checkpoint writer every ``--checkpoint-every`` steps (default 1: every step), reports
+``loss``/``grad_norm``/``tokens`` through :class:`streams.reporter.Reporter` and rewrites its progress file
 ``machines/<m>/run/<job>/rank-R.json`` (``step``, ``loss``, ``ts``, ``status`` ...), whose stale
 ``ts`` is what a hang looks like from outside.  Failures raise: the traceback goes to stderr and
 the exit code is 1 (or the signal's, for ``crash`` with a signal).
@@ -110,6 +111,22 @@ def _share_loss(loss: float | None, ctx: ParallelContext) -> float:
     return float(t)
 
 
+def prewarm() -> None:
+    """Pay the lazy first-use costs of a rank before it is needed (a warm pool calls this while
+    it waits): the first optimizer imports ``torch._dynamo`` (about 1 s alone, 5 s with eight
+    ranks starting on two cores), the first save/load sets up serialization."""
+    import io
+
+    torch.set_num_threads(1)
+    layer = torch.nn.Linear(4, 4)
+    optim = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    layer(torch.ones(2, 4)).sum().backward()
+    optim.step()
+    buf = io.BytesIO()
+    torch.save({"model": layer.state_dict(), "optim": optim.state_dict()}, buf)
+    torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+
+
 def run_rank(spec: JobSpec, rank: int) -> int:
     """Train ``rank`` of ``spec`` to ``spec.steps``; returns 0 (errors raise)."""
     torch.set_num_threads(1)  # 8 ranks share 2 cores: intra-op threads would only thrash
@@ -123,16 +140,26 @@ def run_rank(spec: JobSpec, rank: int) -> int:
     code = CodeWatcher(spec.cluster_dir)
     topo = spec.topology()
     try:
+        t0 = time.perf_counter()
+        marks: list[tuple[str, float]] = []
         init_distributed(topo, rank, spec.master_addr, spec.master_port, spec.pg_timeout_s)
+        marks.append(("rendezvous", time.perf_counter()))
         ctx = build_groups(topo, rank)
+        marks.append(("groups", time.perf_counter()))
         stage = GPTStage(spec.model, len(VOCAB), ctx, spec.seed, code.module.activation)
         optim = torch.optim.AdamW(stage.parameters(), lr=spec.lr, weight_decay=0.0)
+        marks.append(("model", time.perf_counter()))
         start, loaded_from = _resume(spec, rank, stage, optim) if spec.resume else (0, "")
+        marks.append(("resume", time.perf_counter()))
         if start:
             print(f"rank {rank}: resumed at step {start} from {loaded_from}", flush=True)
         writer = CheckpointWriter(spec, rank, code.version)
         data = StepBatches(spec.micro_batch * spec.microbatches, spec.model.seq_len, spec.seed, ctx.coords.dp,
                            FaultPoller(spec.cluster_dir, machine, spec.job, rank, local_rank))  # fmt: skip
+        # Where a (re)start spends its time: the restart cost is what ETTR loses per incident.
+        starts = [t0] + [t for _, t in marks[:-1]]
+        phases = ", ".join(f"{n} {t - p:.2f}s" for (n, t), p in zip(marks, starts, strict=True))
+        print(f"rank {rank}: started in {marks[-1][1] - t0:.2f}s ({phases})", flush=True)
         tokens = spec.micro_batch * spec.microbatches * spec.model.seq_len
         base_step_s: float | None = None  # the rank's normal step time, the unit of the slow fault
         t_prev = time.perf_counter()
@@ -161,11 +188,15 @@ def run_rank(spec: JobSpec, rank: int) -> int:
             optim.step()
             optim.zero_grad(set_to_none=True)
             shared_loss = _share_loss(loss, ctx)
+            if spec.nan_check and not math.isfinite(shared_loss):
+                raise FloatingPointError(f"non-finite loss {shared_loss} at step {step}")
             hang_ckpt = faults.active("hang-checkpoint", step) is not None
             # A non-finite loss means non-finite weights from here on: never make them the latest
             # complete checkpoint, so a reattempt resumes from the last healthy step.
             finite = math.isfinite(shared_loss)
-            waited = writer.submit(step, snapshot(stage, optim, step=step), hang=hang_ckpt) if finite else 0.0
+            waited = 0.0
+            if finite and step % spec.checkpoint_every == 0:  # periodic: 1 = every step
+                waited = writer.submit(step, snapshot(stage, optim, step=step), hang=hang_ckpt)
             now = time.perf_counter()
             step_s, t_prev = now - t_prev, now
             if not slow:
@@ -212,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip-norm", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--checkpoint-every", type=int, default=1, help="checkpoint every N steps")
+    p.add_argument("--nan-check", action=argparse.BooleanOptionalAction, default=False,
+                   help="raise FloatingPointError on a non-finite loss")  # fmt: skip
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--pg-timeout", type=float, default=600.0)
     p.add_argument("--reporter-socket", default="")
@@ -230,6 +264,7 @@ def spec_from_args(a: argparse.Namespace) -> tuple[JobSpec, int]:
         steps=a.steps, master_addr=a.master_addr,
         master_port=a.master_port, resume=a.resume, micro_batch=a.micro_batch, microbatches=a.microbatches,
         lr=a.lr, clip_norm=a.clip_norm, seed=a.seed, keep_checkpoints=a.keep_checkpoints,
+        checkpoint_every=a.checkpoint_every, nan_check=a.nan_check,
         step_delay_s=a.step_delay, pg_timeout_s=a.pg_timeout, reporter_socket=a.reporter_socket,
         model=ModelConfig(
             d_model=a.d_model, n_heads=a.heads, n_layers=a.layers, d_ff=a.d_ff, seq_len=a.seq_len
