@@ -18,10 +18,27 @@ from detectors.stacks import Frame as DumpFrame
 from detectors.stacks import OverEvictionClassifier, OverEvictionConfig, ProcessDump, RankDumps, Round
 from detectors.stacks import ThreadStack as DumpThread
 from detectors.stacks.model import normalize_filename
-from schemas.control import Detection
+from schemas.control import Command, CommandKind, Decision, Detection, stable_id
 from schemas.enums import Action, ProcessRole, Severity, Verdict
 from schemas.topology import JobTopology
+from schemas.typecheck import rng
 from schemas.workload import StackDump
+
+#: detection categories that are fail-slow suspicions: several rounds of dumps, not one.
+FAIL_SLOW_CATEGORIES = ("fail_slow", "straggler", "mfu_decline")
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """ByteRobust §5: stack capture on hang / fail-slow suspicion."""
+
+    #: give up waiting for missing ranks' dumps after this long; missing ranks are evidence.
+    deadline_s: float = field(default=20.0, metadata=rng(0.5, 3600))
+    #: fail-slow: rounds of dumps and the interval between them (paper: 5 rounds, 10 s).
+    fail_slow_rounds: int = field(default=5, metadata=rng(1, 100))
+    fail_slow_interval_s: float = field(default=10.0, metadata=rng(0.1, 600))
+    #: a new capture for the same job waits at least this long after the previous one.
+    cooldown_s: float = field(default=60.0, metadata=rng(0, 86_400))
 
 
 def process_dump(d: StackDump) -> ProcessDump:
@@ -119,3 +136,95 @@ class Capture:
             source_key=self.capture_id,
             message=msg,
         )
+
+    def failed(self, error: str, now_ms: int) -> Detection:
+        """The detection for an analysis that raised: stop-time diagnosis instead of an eviction."""
+        finding = Finding(
+            kind="aggregation_failed",
+            category="job_hang",
+            severity=Severity.ERROR,
+            action=Action.DIAGNOSE,
+            job=self.job,
+            evidence={"error": error, "capture_id": self.capture_id},
+        )
+        return _finding_detection(finding, self.requested_ms, now_ms, self.capture_id)
+
+
+def _finding_detection(f: Finding, source_ts_ms: int, now_ms: int, key: str) -> Detection:
+    return detection_from_finding(
+        f, job=f.job or "", source_ts_ms=source_ts_ms, now_ms=now_ms, source_key=key
+    )
+
+
+class Captures:
+    """A worker's captures: at most one pending per job, ``cooldown_s`` between a job's captures.
+
+    :meth:`start` opens a capture for an ``aggregate`` decision (its commands come from
+    :meth:`commands`), :meth:`add` files a dump under its capture, :meth:`due` hands over the
+    captures that are complete or past their deadline, for :meth:`Capture.analyze`.
+    """
+
+    def __init__(self, config: AggregationConfig | None = None) -> None:
+        self.config = config or AggregationConfig()
+        self.pending: dict[str, Capture] = {}  # capture_id -> capture
+        self.last_capture_ms: dict[str, int] = {}  # job -> when its last capture was requested
+
+    def wants(self, job: str, now_ms: int) -> bool:
+        """Whether a new capture of ``job`` may start now (none pending, cooldown over)."""
+        if any(c.job == job for c in self.pending.values()):
+            return False
+        return now_ms - self.last_capture_ms.get(job, -(10**15)) >= self.config.cooldown_s * 1000
+
+    def start(self, dec: Decision, topology: JobTopology | None, now_ms: int) -> Capture | Detection:
+        """Open the capture asked for by ``dec``; without machines to ask, a diagnose detection."""
+        if topology is None or not topology.machines:
+            # Without a topology the stacks cannot be localised: stop-time diagnosis instead.
+            finding = Finding(
+                kind="aggregation_unavailable",
+                category="job_hang",
+                severity=Severity.ERROR,
+                action=Action.DIAGNOSE,
+                job=dec.job,
+                evidence={"reason": "no job spec with machines", "decision_id": dec.decision_id},
+            )
+            return _finding_detection(finding, dec.ts_ms, now_ms, dec.decision_id)
+        cfg = self.config
+        category = str(dec.evidence.get("detection", {}).get("category", ""))
+        rounds = cfg.fail_slow_rounds if category in FAIL_SLOW_CATEGORIES else 1
+        capture_id = stable_id("capture", dec.decision_id)
+        deadline = now_ms + int((cfg.deadline_s + (rounds - 1) * cfg.fail_slow_interval_s) * 1000)
+        cap = Capture(capture_id, dec.job, topology, rounds, deadline, now_ms, dec.decision_id)
+        self.pending[capture_id] = cap
+        self.last_capture_ms[dec.job] = now_ms
+        return cap
+
+    def commands(self, cap: Capture) -> list[Command]:
+        """One ``capture_stacks`` command per machine of the capture's job."""
+        return [
+            Command(
+                command_id=stable_id(cap.capture_id, node),
+                ts_ms=cap.requested_ms,
+                kind=CommandKind.CAPTURE_STACKS,
+                node=node,
+                job=cap.job,
+                args={
+                    "capture_id": cap.capture_id,
+                    "rounds": cap.rounds,
+                    "interval_s": self.config.fail_slow_interval_s,
+                },
+            )
+            for node in cap.topology.machines
+        ]
+
+    def add(self, d: StackDump) -> bool:
+        """File ``d`` under its pending capture; False if no capture of that id is pending."""
+        cap = self.pending.get(d.capture_id)
+        if cap is None:
+            return False
+        cap.add(d)
+        return True
+
+    def due(self, now_ms: int) -> list[Capture]:
+        """Remove and return the captures ready for analysis (complete or past their deadline)."""
+        ready = [cid for cid, cap in self.pending.items() if cap.ready(now_ms)]
+        return [self.pending.pop(cid) for cid in ready]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from detectors.capture import AggregationConfig
 from detectors.decide import DecideConfig
 from detectors.job_monitor import MonitorConfig
 from detectors.node_inspector import HostThresholds
@@ -19,19 +20,6 @@ class SinkSettings:
     max_wait_s: float = field(default=1.0, metadata=rng(0.01, 600))
     retry_backoff_s: float = field(default=0.5, metadata=rng(0.01, 60))
     retry_backoff_max_s: float = field(default=10.0, metadata=rng(0.1, 600))
-
-
-@dataclass(frozen=True)
-class AggregationSettings:
-    """ByteRobust §5: stack capture on hang / fail-slow suspicion."""
-
-    #: give up waiting for missing ranks' dumps after this long; missing ranks are evidence.
-    deadline_s: float = field(default=20.0, metadata=rng(0.5, 3600))
-    #: fail-slow: rounds of dumps and the interval between them (paper: 5 rounds, 10 s).
-    fail_slow_rounds: int = field(default=5, metadata=rng(1, 100))
-    fail_slow_interval_s: float = field(default=10.0, metadata=rng(0.1, 600))
-    #: a new capture for the same job waits at least this long after the previous one.
-    cooldown_s: float = field(default=60.0, metadata=rng(0, 86_400))
 
 
 @dataclass(frozen=True)
@@ -53,7 +41,7 @@ class WorkerConfig:
     liveness_stall_s: float = field(default=60.0, metadata=rng(1, 86_400))
     sink_enabled: bool = True
     sink: SinkSettings = field(default_factory=SinkSettings)
-    aggregation: AggregationSettings = field(default_factory=AggregationSettings)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     decide: DecideConfig = field(default_factory=DecideConfig)
     host: HostThresholds = field(default_factory=HostThresholds)

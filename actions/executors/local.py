@@ -249,10 +249,11 @@ class LocalExecutor:
     def hot_update(self, spec: JobSpec, version: str, ctx: StepContext) -> None:
         from trainguard.demo import codever
 
+        # Only the version switch: every plan restarts the job in its next step (a restart here
+        # too would kill the ranks just woken and cold-start the next generation).  Running ranks
+        # pick the version up in place at their next step (trainguard.demo.codever).
         if codever.current_version(self.cluster) != version:
             codever.set_version(self.cluster, version)
-        if not self._ranks(spec.job):  # the old code crashed the ranks: restart them in place
-            self.restart(spec, ctx)
 
     def run_diagnostics(
         self, spec: JobSpec, machines: list[str], tests: list[str], ctx: StepContext

@@ -15,12 +15,10 @@ import asyncio
 import logging
 from typing import Any
 
-from detectors.capture import Capture
-from detectors.detections import detection_from_finding
-from detectors.findings import Finding
+from detectors.capture import Captures
 from schemas.base import Event, now_ms
-from schemas.control import Command, CommandKind, Decision, stable_id
-from schemas.enums import Action, Severity
+from schemas.control import Decision, Detection
+from schemas.enums import Action
 from schemas.topics import COMMANDS, DECISIONS, STACKS
 from schemas.workload import StackDump
 from streams.context import WorkerContext
@@ -28,64 +26,35 @@ from streams.jobs import JobDirectory
 
 NAME = "aggregation"
 log = logging.getLogger(__name__)
-_FAIL_SLOW = ("fail_slow", "straggler", "mfu_decline")
 
 
-def register(ctx: WorkerContext, jobs: JobDirectory) -> dict[str, Capture]:
-    pending: dict[str, Capture] = {}  # capture_id -> capture
-    last_capture_ms: dict[str, int] = {}  # job -> when its last capture was requested
+def register(ctx: WorkerContext, jobs: JobDirectory) -> Captures:
+    captures = Captures(ctx.cfg.aggregation)
 
     async def start_capture(dec: Decision) -> None:
-        cfg = ctx.cfg.aggregation
+        captures.config = ctx.cfg.aggregation  # runtime threshold changes
         now = now_ms()
-        if any(c.job == dec.job for c in pending.values()):
-            return  # one capture per job at a time
-        if now - last_capture_ms.get(dec.job, -(10**15)) < cfg.cooldown_s * 1000:
+        if not captures.wants(dec.job, now):
             return
         spec = await jobs.spec(dec.job)
-        if spec is None or not spec.topology.machines:
-            # Without a topology the stacks cannot be localised: stop-time diagnosis instead.
-            finding = Finding(
-                kind="aggregation_unavailable",
-                category="job_hang",
-                severity=Severity.ERROR,
-                action=Action.DIAGNOSE,
-                job=dec.job,
-                evidence={"reason": "no job spec with machines", "decision_id": dec.decision_id},
-            )
-            await ctx.emit(
-                detection_from_finding(
-                    finding, job=dec.job, source_ts_ms=dec.ts_ms, now_ms=now, source_key=dec.decision_id
-                )
-            )
+        started = captures.start(dec, spec.topology if spec is not None else None, now)
+        if isinstance(started, Detection):
+            await ctx.emit(started)
             return
-        category = str(dec.evidence.get("detection", {}).get("category", ""))
-        rounds = cfg.fail_slow_rounds if category in _FAIL_SLOW else 1
-        capture_id = stable_id("capture", dec.decision_id)
-        deadline = now + int((cfg.deadline_s + (rounds - 1) * cfg.fail_slow_interval_s) * 1000)
-        pending[capture_id] = Capture(
-            capture_id, dec.job, spec.topology, rounds, deadline, now, dec.decision_id
-        )
-        last_capture_ms[dec.job] = now
-        for node in spec.topology.machines:
-            cmd = Command(
-                command_id=stable_id(capture_id, node),
-                ts_ms=now,
-                kind=CommandKind.CAPTURE_STACKS,
-                node=node,
-                job=dec.job,
-                args={"capture_id": capture_id, "rounds": rounds, "interval_s": cfg.fail_slow_interval_s},
-            )
+        for cmd in captures.commands(started):
             await ctx.emit(cmd, COMMANDS)
         log.info(
-            "capture %s requested from %d machines of %s", capture_id, len(spec.topology.machines), dec.job
+            "capture %s requested from %d machines of %s",
+            started.capture_id,
+            len(started.topology.machines),
+            dec.job,
         )
 
     async def body(ev: Event) -> None:
         if isinstance(ev, Decision) and ev.action is Action.AGGREGATE:
             await start_capture(ev)
-        elif isinstance(ev, StackDump) and ev.capture_id in pending:
-            pending[ev.capture_id].add(ev)
+        elif isinstance(ev, StackDump):
+            captures.add(ev)
 
     @ctx.app.agent(ctx.faust_topics(DECISIONS, STACKS), name=NAME)
     async def aggregation(stream: Any) -> None:
@@ -95,26 +64,13 @@ def register(ctx: WorkerContext, jobs: JobDirectory) -> dict[str, Capture]:
     @ctx.app.timer(1.0)
     async def close_captures() -> None:
         now = now_ms()
-        for cid, cap in list(pending.items()):
-            if not cap.ready(now):
-                continue
-            del pending[cid]
+        for cap in captures.due(now):
             try:
                 det = await asyncio.get_running_loop().run_in_executor(None, cap.analyze, now)
             except Exception as exc:  # a bad capture must not stop the agent
-                log.exception("over-eviction analysis of %s failed", cid)
-                finding = Finding(
-                    kind="aggregation_failed",
-                    category="job_hang",
-                    severity=Severity.ERROR,
-                    action=Action.DIAGNOSE,
-                    job=cap.job,
-                    evidence={"error": str(exc), "capture_id": cid},
-                )
-                det = detection_from_finding(
-                    finding, job=cap.job, source_ts_ms=cap.requested_ms, now_ms=now, source_key=cid
-                )
+                log.exception("over-eviction analysis of %s failed", cap.capture_id)
+                det = cap.failed(str(exc), now)
             await ctx.emit(det)
             ctx.metrics.detections.labels(NAME).inc()
 
-    return pending
+    return captures

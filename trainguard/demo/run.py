@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -229,7 +230,9 @@ class Demo:
         return spec
 
     def _start_baseline(self, spec: DemoSpec) -> None:
-        from trainguard.demo.baseline import BaselineConfig, BaselineSupervisor
+        with warnings.catch_warnings():  # torch.cuda's notice about pynvml, on a CPU-only demo
+            warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+            from trainguard.demo.baseline import BaselineConfig, BaselineSupervisor
 
         machines = [f"b{i}" for i in range(self.cfg.machines)]
         bspec = replace(
@@ -315,11 +318,12 @@ class Demo:
     def _recoveries_since(self, t_ms: int) -> list[tuple[str, str, str, int]]:
         """(decision_id, action, last recovery phase, its ts_ms) of decisions since ``t_ms``."""
         rows = self._store().query(
-            "SELECT d.decision_id, any(d.action), argMax(a.phase, a.ts_ms), max(a.ts_ms) "
-            "FROM decisions AS d FINAL ANY INNER JOIN "
-            "(SELECT decision_id, phase, ts_ms FROM action_events FINAL "
-            " WHERE job = %(j)s AND step = 'recovery') AS a USING decision_id "
-            "WHERE d.job = %(j)s AND d.ts_ms >= %(t)s GROUP BY d.decision_id",
+            # One row per decision on each side: ANY JOIN keeps a single right-hand match.
+            "SELECT decision_id, d.action, a.phase, a.ts FROM "
+            "(SELECT decision_id, any(action) AS action FROM decisions FINAL "
+            " WHERE job = %(j)s AND ts_ms >= %(t)s GROUP BY decision_id) AS d ANY INNER JOIN "
+            "(SELECT decision_id, argMax(phase, ts_ms) AS phase, max(ts_ms) AS ts FROM action_events FINAL "
+            " WHERE job = %(j)s AND step = 'recovery' GROUP BY decision_id) AS a USING decision_id",
             {"j": self.job, "t": t_ms},
         )
         return [(str(d), str(a), str(p), int(t)) for d, a, p, t in rows]

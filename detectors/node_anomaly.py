@@ -1,0 +1,71 @@
+"""Per-node multivariate GPU anomaly scores -> informational detections (the anomaly agent's logic).
+
+Each node gets its own streaming detector (a registry name) fed a small feature vector per GPU
+sample batch (mean/max temperature, mean power, mean utilisation, memory use).  Scores at or
+above the threshold become ``info`` detections with action ``none``: evidence for operators and
+for the aggregation analysis, never an eviction on their own.  A sample that scores as an
+anomaly is not learned, so the detector is protected from learning its own anomalies.
+"""
+
+from __future__ import annotations
+
+from detectors.base import AnomalyDetector
+from detectors.detections import detection_from_finding
+from detectors.findings import Finding
+from detectors.registry import build
+from schemas.control import Detection
+from schemas.enums import Action, Severity
+from schemas.telemetry import GpuSampleBatch, GpuState
+
+
+def gpu_features(e: GpuSampleBatch) -> dict[str, float]:
+    ok = [g for g in e.gpus if g.state is GpuState.OK]
+
+    def vals(attr: str) -> list[float]:
+        return [float(v) for g in ok if (v := getattr(g, attr)) is not None]
+
+    out: dict[str, float] = {}
+    for attr, name in (("temperature_c", "temp"), ("power_w", "power"), ("util_gpu_pct", "util")):
+        v = vals(attr)
+        if v:
+            out[f"{name}_mean"] = sum(v) / len(v)
+            out[f"{name}_max"] = max(v)
+    used = [
+        g.mem_used_bytes / g.mem_total_bytes for g in ok if g.mem_used_bytes is not None and g.mem_total_bytes
+    ]
+    if used:
+        out["mem_frac_mean"] = sum(used) / len(used)
+    return out
+
+
+class NodeAnomalyScorer:
+    """One streaming detector per node; ``detector`` and ``threshold`` may change between calls."""
+
+    def __init__(self) -> None:
+        self.detectors: dict[str, AnomalyDetector] = {}
+
+    def observe(self, e: GpuSampleBatch, detector: str, threshold: float, now_ms: int) -> Detection | None:
+        if not detector:
+            return None
+        x = gpu_features(e)
+        if not x:
+            return None
+        det = self.detectors.get(e.node)
+        if det is None:
+            det = self.detectors[e.node] = build(detector, {})
+        score = det.score_one(x)
+        if score < threshold:
+            det.learn_one(x)  # anomalies never enter the baseline
+            return None
+        finding = Finding(
+            kind="metric_anomaly",
+            category="metric_anomaly",
+            severity=Severity.INFO,
+            action=Action.NONE,
+            node=e.node,
+            score=score,
+            evidence={"features": x, "detector": detector},
+        )
+        return detection_from_finding(
+            finding, job=e.job, node=e.node, source_ts_ms=e.ts_ms, now_ms=now_ms, source_key="anomaly"
+        )

@@ -1,0 +1,91 @@
+"""The local executor on real demo processes: warm restarts, eviction onto a standby, stop.
+
+A tp2 job on two one-rank machines (plus a standby machine) runs real gloo ranks; the executor
+is driven the way the action service drives it, and everything is checked from the outside
+(``/proc`` and the ranks' progress files), as an operator would.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from actions.executors.base import ExecutorEnv, StepContext
+from actions.executors.local import LocalConfig, LocalExecutor, _cmdline
+from schemas.control import JobSpec
+from tests.demo.helpers import make_spec, wait_until
+from trainguard.demo.config import JobSpec as DemoSpec
+from trainguard.demo.launcher import launch_job, launch_standby, read_progress, ready_pools, stop_job
+
+pytestmark = pytest.mark.slow
+
+
+def _ctx(step: str) -> StepContext:
+    return StepContext(decision_id="d1", step=step, attempt=0, deadline=time.monotonic() + 120)
+
+
+def _control_spec(demo: DemoSpec) -> JobSpec:
+    return JobSpec(job=demo.job, ts_ms=0, topology=demo.topology())
+
+
+def _steps_past(demo: DemoSpec, step: int, pids: set[int] | None = None) -> bool:
+    prog = read_progress(demo)
+    return len(prog) == demo.world_size and all(
+        p.get("status") == "running" and p.get("step", 0) > step and (pids is None or p.get("pid") in pids)
+        for p in prog.values()
+    )
+
+
+def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
+    demo = make_spec(tmp_path, 29670, tp=2, pp=1, dp=1, machines=["m0", "m1"], steps=100_000)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "t.json").write_text(demo.to_json())
+    ex = LocalExecutor(
+        LocalConfig(cluster_dir=str(tmp_path), port_base=29671, warm_delay_s=0.0, start_exporters=False),
+        ExecutorEnv(state_dir=tmp_path / "executor"),
+    )
+    first = launch_job(demo)
+    pools = [launch_standby(tmp_path, m, 1) for m in ("m0", "m1", "standby-0")]
+    try:
+        wait_until(lambda: _steps_past(demo, 3), 120, "the cold-started job", first)
+        wait_until(lambda: all(ready_pools(tmp_path, m, 1) for m in ("m0", "m1", "standby-0")), 120, "pools")
+        cold = set(ex._ranks("t"))
+        assert cold == {p.pid for p in first.procs}
+
+        # A restart wakes the warm pools: new pids, the trainer's command line, resumed training.
+        ex.restart(_control_spec(demo), _ctx("restart"))
+        warm = {p.pid for p in pools[0].procs + pools[1].procs}
+        wait_until(lambda: set(ex._ranks("t")) == warm, 30, "the woken pools found as the job's ranks")
+        assert not cold & set(ex._ranks("t"))  # the old generation is gone
+        for pid in warm:
+            argv = _cmdline(pid)
+            assert "trainguard.demo.trainer" in argv and "--rank" in argv and "--job" in argv
+        wait_until(lambda: _steps_past(demo, 5, warm), 60, "steps of the woken ranks")
+        log = (tmp_path / "machines" / "m0" / "logs" / "standby").glob("*-slot-0.out")
+        assert any("resumed at step" in f.read_text() for f in log)
+        # ... and every machine gets a fresh pool for the next restart.
+        wait_until(lambda: all(ready_pools(tmp_path, m, 1) for m in ("m0", "m1")), 120, "replenished pools")
+
+        # Evict m1: its rank and its spare pool die; the standby machine takes its rank.
+        spec = _control_spec(demo)
+        ex.evict(spec, ["m1"], _ctx("evict"))
+        assert ex._ranks("t", {"m1"}) == [] and ex._spares("m1") == {}
+        assert (tmp_path / "machines" / "m1" / "EVICTED").exists()
+        moved = demo.replace_machine("m1", "standby-0")
+        ex.restart(_control_spec(moved), _ctx("restart-2"))
+        persisted = DemoSpec.from_json((tmp_path / "jobs" / "t.json").read_text())
+        assert persisted.machine_names() == ["m0", "standby-0"]
+        wait_until(lambda: _steps_past(persisted, 8), 90, "steps on the standby machine")
+        assert ex._ranks("t", {"standby-0"})
+
+        ex.stop(spec, _ctx("stop"))
+        assert ex._ranks("t") == []
+    finally:
+        for h in (first, *pools):
+            stop_job(h, grace_s=0)
+        for pids in (ex._spares(m) for m in ("m0", "m1", "standby-0")):
+            for group in pids.values():
+                ex._kill(group)
+        ex._kill(ex._ranks("t"))
