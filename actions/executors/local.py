@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from schemas.control import JobSpec
 from schemas.topology import JobTopology
 from schemas.typecheck import rng
 from trainguard.demo.config import JobSpec as DemoSpec
+from trainguard.demo.zygote import zygote_pid
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,21 @@ class LocalConfig:
     #: start a node exporter on each standby machine it provisions (the demo's machines have none
     #: otherwise; a real cluster's nodes come with theirs).
     start_exporters: bool = True
+    #: start a zygote on each standby machine it provisions (forks its warm pools).
+    start_zygotes: bool = True
     #: warm pools kept per machine of the job (0: every restart cold-starts its processes).
     warm_pools: int = field(default=1, metadata=rng(0, 4))
     #: a new pool waits this long before importing torch (the restarted ranks go first).
     warm_delay_s: float = field(default=8.0, metadata=rng(0, 600))
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -183,15 +196,18 @@ class LocalExecutor:
 
     def evict(self, spec: JobSpec, machines: list[str], ctx: StepContext) -> None:
         spares = [pid for m in machines for pids in self._spares(m).values() for pid in pids]
-        self._kill(self._ranks(spec.job, set(machines)) + spares)  # the machine leaves with its pools
+        zygotes = [p for m in machines if (p := zygote_pid(self.cluster, m)) is not None]
+        # The machine leaves with its pools and its zygote.
+        self._kill(self._ranks(spec.job, set(machines)) + spares + zygotes)
         for m in machines:
             d = self.cluster / "machines" / m
             d.mkdir(parents=True, exist_ok=True)
             (d / "EVICTED").write_text(f"{spec.job} {ctx.decision_id}\n")
 
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
-        from trainguard.demo.launcher import launch_standby
+        from trainguard.demo.launcher import new_pool, start_zygote
         from trainguard.demo.node import start_exporter
+        from trainguard.demo.zygote import zygote_pid
 
         demo = self.demo_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
         state = self._load_state()
@@ -201,7 +217,10 @@ class LocalExecutor:
             state["standby_seq"] = n + 1
             self._save_state(state)  # a name is never reused, even if the launch below fails
             name = f"{self.cfg.standby_prefix}{n}"
-            launch_standby(self.cluster, name, demo.ranks_per_machine, warm_delay_s=self.cfg.warm_delay_s)
+            if self.cfg.start_zygotes:  # the pool waits in the queue until the zygote is ready
+                start_zygote(self.cluster, name)
+                wait_for(lambda n=name: zygote_pid(self.cluster, n) is not None, 5.0)  # type: ignore[misc]
+            new_pool(self.cluster, name, demo.ranks_per_machine, warm_delay_s=self.cfg.warm_delay_s)
             if self.cfg.start_exporters:
                 start_exporter(self.cluster, name, job)  # a machine comes with its node agent
             names.append(name)
@@ -239,12 +258,14 @@ class LocalExecutor:
         self._replenish(demo.machine_names(), demo.ranks_per_machine)
 
     def _replenish(self, machines: list[str], slots: int) -> None:
-        """Start a warm pool on each machine that has fewer than ``warm_pools`` spare ones."""
-        from trainguard.demo.launcher import launch_standby
+        """Start a warm pool on each machine that has fewer than ``warm_pools`` spare ones (forked
+        by the machine's zygote when it has one: ready in milliseconds, not tens of seconds)."""
+        from trainguard.demo.launcher import new_pool
+        from trainguard.demo.zygote import pending_requests
 
         for m in machines:
-            for _ in range(self.cfg.warm_pools - len(self._spares(m))):
-                launch_standby(self.cluster, m, slots, warm_delay_s=self.cfg.warm_delay_s)
+            for _ in range(self.cfg.warm_pools - len(self._spares(m)) - pending_requests(self.cluster, m)):
+                new_pool(self.cluster, m, slots, warm_delay_s=self.cfg.warm_delay_s)
 
     def hot_update(self, spec: JobSpec, version: str, ctx: StepContext) -> None:
         from trainguard.demo import codever

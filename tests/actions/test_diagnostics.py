@@ -22,7 +22,15 @@ def test_ring_pairs() -> None:
     assert ring_pairs(3) == [(0, 1), (1, 2), (2, 0)]
 
 
+@pytest.fixture
+def warm() -> None:
+    """The test server up before the timed part, as the action service has it (its cold start --
+    importing torch -- can outlast a test's timeout on a loaded two-core host)."""
+    assert prewarm()
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm")
 def test_three_machines_find_the_odd_one_out_in_each_test() -> None:
     machines = ["m0", "m1", "m2"]
     faults = LocalFaults(perturb=frozenset({"m1"}), corrupt=frozenset({"m2"}))
@@ -33,6 +41,7 @@ def test_three_machines_find_the_odd_one_out_in_each_test() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm")
 def test_unreachable_machine_fails_connectivity_and_two_machines_cannot_outvote() -> None:
     three = run_local(["a", "b", "c"], ["connectivity"], LocalFaults(absent=frozenset({"c"})), timeout_s=4)
     assert {r.machine for r in three if not r.passed} == {"c"}
@@ -49,8 +58,8 @@ def _stuck_connectivity() -> dict[str, object]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm")
 def test_repeated_runs_fork_fresh_processes_from_the_warm_server_and_agree_bit_for_bit() -> None:
-    assert prewarm()
     server = diagnostics._get_server()
     faults = LocalFaults(perturb=frozenset({"m1"}))
     first = run_local(["m0", "m1", "m2"], ["alignment"], faults, timeout_s=20)
@@ -67,6 +76,7 @@ def test_repeated_runs_fork_fresh_processes_from_the_warm_server_and_agree_bit_f
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("warm")
 def test_a_killed_test_fails_and_a_stuck_one_is_killed_at_the_timeout() -> None:
     server = diagnostics._get_server()
     job = server.submit("connectivity", _stuck_connectivity())
@@ -91,6 +101,6 @@ def test_a_dead_server_fails_what_it_was_running_and_is_replaced() -> None:
     server.proc.kill()
     assert job.done.wait(30)
     assert not job.answer()["ok"] and "diagnostics server exited" in str(job.answer()["detail"])
+    assert prewarm() and diagnostics._get_server() is not server  # a new one replaced it
     results = run_local(["a", "b", "c"], ["alignment"], LocalFaults(perturb=frozenset({"b"})), timeout_s=20)
-    assert diagnostics._get_server() is not server
     assert {r.machine for r in results if not r.passed} == {"b"}

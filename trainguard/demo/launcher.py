@@ -168,6 +168,34 @@ def launch_standby(
     return handle
 
 
+def start_zygote(
+    cluster_dir: str | os.PathLike[str], machine: str, python: str = sys.executable
+) -> JobHandle:
+    """Start ``machine``'s zygote (:mod:`.zygote`), which forks warm pools on request."""
+    paths = ClusterPaths(Path(cluster_dir))
+    logs = paths.machine(machine) / "logs"
+    argv = [python, "-m", "trainguard.demo.zygote", "--cluster-dir", str(cluster_dir), "--machine", machine]
+    env = _env(
+        {
+            "TRAINGUARD_NODE": machine,
+            "TRAINGUARD_REPORTER_SOCKET": str(paths.machine(machine) / "reporter.sock"),
+        }
+    )
+    out, err = logs / "zygote.out", logs / "zygote.err"
+    return JobHandle(None, [RankProcess(machine, -1, _spawn(argv, out, err, env), out, err)])
+
+
+def new_pool(cluster_dir: str | os.PathLike[str], machine: str, slots: int, warm_delay_s: float = 0.0) -> str:
+    """A new warm pool on ``machine``: forked by its zygote if it has one, else started cold."""
+    from trainguard.demo.zygote import request_pool
+
+    pool = request_pool(cluster_dir, machine, slots)
+    if pool is None:
+        pool = f"{time.time_ns():x}"
+        launch_standby(cluster_dir, machine, slots, pool=pool, warm_delay_s=warm_delay_s)
+    return pool
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

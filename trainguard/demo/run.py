@@ -49,7 +49,7 @@ from schemas.control import JobSpec
 from schemas.topics import JOBS
 from trainguard.demo.config import JobSpec as DemoSpec
 from trainguard.demo.inject import inject
-from trainguard.demo.launcher import launch_job, launch_standby, read_progress, standby_ready
+from trainguard.demo.launcher import launch_job, new_pool, read_progress, standby_ready, start_zygote
 from trainguard.demo.node import exporter_argv
 
 DEFAULT_SCENARIO: list[dict[str, Any]] = [
@@ -81,7 +81,7 @@ class DemoConfig:
     incident_timeout_s: float = 150.0
     settle_steps: int = 5
     #: healthy training between one fault's recovery and the next injection.
-    gap_s: float = 45.0
+    gap_s: float = 40.0
     #: how long a fault that need not stop the job (slow, flap) is watched before moving on.
     watch_s: float = 25.0
     #: new warm pools wait this long before importing torch.
@@ -206,8 +206,8 @@ class Demo:
             self._exporter(m)
         (self.cluster / "jobs").mkdir(parents=True, exist_ok=True)
         (self.cluster / "jobs" / f"{self.job}.json").write_text(spec.to_json())
-        for s in standbys:
-            launch_standby(self.cluster, s, spec.ranks_per_machine)
+        for m in machines + standbys:  # each machine's zygote forks its warm pools (see zygote)
+            start_zygote(self.cluster, m)
         producer = EventProducer(self.settings.kafka)
         producer.send(
             JobSpec(job=self.job, ts_ms=now_ms(), topology=spec.topology(), standbys=standbys), JOBS
@@ -216,8 +216,8 @@ class Demo:
         producer.close()
         self._wait_worker()
         launch_job(spec)
-        for m in machines:  # the first restart wakes warm processes too
-            launch_standby(self.cluster, m, spec.ranks_per_machine, warm_delay_s=self.cfg.warm_delay_s)
+        for m in machines + standbys:  # queued until the zygote is ready; the first restart is warm too
+            new_pool(self.cluster, m, spec.ranks_per_machine)
         self.echo(
             f"[demo] job {self.job}: tp{spec.tp} pp{spec.pp} dp{spec.dp} on {machines}, standbys {standbys}"
         )

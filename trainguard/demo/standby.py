@@ -86,13 +86,21 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.warm_delay > 0:
         time.sleep(a.warm_delay)
-    from trainguard.demo.trainer import prewarm, run_rank  # the heavy part: torch and the model code
+    from trainguard.demo.trainer import prewarm  # the heavy part: torch and the model code
 
     prewarm()
+    return serve_slot(StandbyConfig(a.cluster_dir, a.machine, a.slot, a.pool, a.poll))
 
-    spec, rank = wait_for_activation(StandbyConfig(a.cluster_dir, a.machine, a.slot, a.pool, a.poll))
+
+def serve_slot(cfg: StandbyConfig) -> int:
+    """Announce the slot, wait for activation, then run the rank in this process."""
+    from trainguard.demo.trainer import run_rank
+
+    spec, rank = wait_for_activation(cfg)
     become_rank(spec, rank)
-    print(f"standby {a.machine}/{a.pool}/{a.slot} activated as rank {rank} of job {spec.job}", flush=True)
+    print(
+        f"standby {cfg.machine}/{cfg.pool}/{cfg.slot} activated as rank {rank} of job {spec.job}", flush=True
+    )
     return run_rank(spec, rank)
 
 
