@@ -139,9 +139,12 @@ class RecoveryRunner:
         if merged_into is not None and (
             d.action in (Action.DIAGNOSE, Action.ROLLBACK)
             or (d.action is Action.RESTART and code_update_of(d) is None)
+            or (d.action is Action.EVICT and _from_stacks(d))
         ):
             # The running recovery stopped and restarted the whole job: this crash report is most
-            # likely the stop itself, and escalating on it would roll back healthy code.
+            # likely the stop itself, and escalating on it would roll back healthy code.  Likewise
+            # a "hang" localised from stacks while the job was stopped for that recovery is the
+            # recovery's own pause (explicit machine faults, Xid and the like, still evict).
             return self._end(
                 rec, S.SUPERSEDED, f"arrived while recovery {merged_into} of the job was running"
             )
@@ -404,6 +407,13 @@ def _describe(step: Step, result: dict[str, Any]) -> str:
 
 #: a crash reported up to this long before a recovery started is covered by that recovery's restart.
 _STALE_GRACE_MS = 30_000
+
+
+def _from_stacks(decision: Decision) -> bool:
+    """The decision evicts a group localised by stack aggregation (a hang or fail-slow suspicion),
+    not a machine that reported a fault itself."""
+    detection = decision.evidence.get("detection")
+    return isinstance(detection, dict) and detection.get("kind") == "over_eviction"
 
 
 def _source_ms(decision: Decision) -> int | None:

@@ -94,6 +94,14 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
 
 
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rfind(")") + 2 :].split()[1])
+
+
 def _flag(argv: list[str], name: str) -> str | None:
     with contextlib.suppress(ValueError, IndexError):
         return argv[argv.index(name) + 1]
@@ -152,7 +160,8 @@ class LocalExecutor:
                 continue
             if mine and (machines is None or machine in machines):
                 pids.append(int(entry.name))
-        return pids
+        # A rank's DataLoader worker is a fork with the same command line: not a rank of its own.
+        return [p for p in pids if _ppid(p) not in pids]
 
     def _activated_for(self, machine: str | None, pool: str | None) -> str | None:
         try:

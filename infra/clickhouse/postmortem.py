@@ -112,6 +112,8 @@ class Incident:
             "machines": self.machines,
             "source_ts_ms": self.source_ts_ms,
             "detected_s": self.seconds(self.detected_ts_ms),
+            # Localised: the decision named the culprit machines (a job-wide restart names none).
+            "localised_s": self.seconds(self.decided_ts_ms) if self.machines else None,
             "decided_s": self.seconds(self.decided_ts_ms),
             "recovered_s": self.seconds(self.recovered_ts_ms),
             "outcome": self.outcome,

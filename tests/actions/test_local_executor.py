@@ -17,7 +17,16 @@ from actions.executors.local import LocalConfig, LocalExecutor, _cmdline
 from schemas.control import JobSpec
 from tests.demo.helpers import make_spec, wait_until
 from trainguard.demo.config import JobSpec as DemoSpec
-from trainguard.demo.launcher import launch_job, launch_standby, read_progress, ready_pools, stop_job
+from trainguard.demo.launcher import (
+    launch_job,
+    launch_standby,
+    new_pool,
+    read_progress,
+    ready_pools,
+    start_zygote,
+    stop_job,
+)
+from trainguard.demo.zygote import zygote_pid
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +56,12 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         ExecutorEnv(state_dir=tmp_path / "executor"),
     )
     first = launch_job(demo)
-    pools = [launch_standby(tmp_path, m, 1) for m in ("m0", "m1", "standby-0")]
+    # m0 and m1 fork their pools from a zygote; the standby machine starts its pool cold.
+    zygotes = [start_zygote(tmp_path, m) for m in ("m0", "m1")]
+    wait_until(lambda: all(zygote_pid(tmp_path, m) for m in ("m0", "m1")), 30, "zygotes")
+    pools = [launch_standby(tmp_path, "standby-0", 1)]
+    for m in ("m0", "m1"):
+        new_pool(tmp_path, m, 1)
     try:
         wait_until(lambda: _steps_past(demo, 3), 120, "the cold-started job", first)
         wait_until(lambda: all(ready_pools(tmp_path, m, 1) for m in ("m0", "m1", "standby-0")), 120, "pools")
@@ -55,8 +69,9 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         assert cold == {p.pid for p in first.procs}
 
         # A restart wakes the warm pools: new pids, the trainer's command line, resumed training.
+        warm = {pid for m in ("m0", "m1") for pids in ex._spares(m).values() for pid in pids}
+        assert len(warm) == 2
         ex.restart(_control_spec(demo), _ctx("restart"))
-        warm = {p.pid for p in pools[0].procs + pools[1].procs}
         wait_until(lambda: set(ex._ranks("t")) == warm, 30, "the woken pools found as the job's ranks")
         assert not cold & set(ex._ranks("t"))  # the old generation is gone
         for pid in warm:
@@ -65,13 +80,14 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         wait_until(lambda: _steps_past(demo, 5, warm), 60, "steps of the woken ranks")
         log = (tmp_path / "machines" / "m0" / "logs" / "standby").glob("*-slot-0.out")
         assert any("resumed at step" in f.read_text() for f in log)
-        # ... and every machine gets a fresh pool for the next restart.
-        wait_until(lambda: all(ready_pools(tmp_path, m, 1) for m in ("m0", "m1")), 120, "replenished pools")
+        # ... and every machine gets a fresh pool for the next restart, forked by its zygote.
+        wait_until(lambda: all(ready_pools(tmp_path, m, 1) for m in ("m0", "m1")), 30, "replenished pools")
 
         # Evict m1: its rank and its spare pool die; the standby machine takes its rank.
         spec = _control_spec(demo)
         ex.evict(spec, ["m1"], _ctx("evict"))
         assert ex._ranks("t", {"m1"}) == [] and ex._spares("m1") == {}
+        assert zygote_pid(tmp_path, "m1") is None  # the machine left with its zygote
         assert (tmp_path / "machines" / "m1" / "EVICTED").exists()
         moved = demo.replace_machine("m1", "standby-0")
         ex.restart(_control_spec(moved), _ctx("restart-2"))
@@ -83,7 +99,7 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         ex.stop(spec, _ctx("stop"))
         assert ex._ranks("t") == []
     finally:
-        for h in (first, *pools):
+        for h in (first, *pools, *zygotes):
             stop_job(h, grace_s=0)
         for pids in (ex._spares(m) for m in ("m0", "m1", "standby-0")):
             for group in pids.values():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
 
 from actions.executors.dry_run import DryRunConfig
 from actions.state import RecoveryState
+from schemas.base import now_ms
 from schemas.control import ActionEvent, ActionPhase, JobSpec
 from schemas.enums import Action
 from tests.actions.conftest import Running, job_spec, make_decision
@@ -213,3 +215,27 @@ def test_permanent_error_fails_the_recovery(start_service: Start, actions_watch:
     evs = events_of(actions_watch, d.decision_id)
     assert ("evict", "failed") in [(e.step, e.phase.value) for e in evs]
     assert evs[-1].step == "recovery" and evs[-1].phase is ActionPhase.FAILED
+
+
+def test_hang_localised_during_a_recovery_is_that_recovery_not_a_new_fault(start_service: Start) -> None:
+    job = unique("job-pause")
+    run = start_service([job], dry_run=DryRunConfig(delays={"diagnose": 3.0}))
+    send(run.settings, job_spec(job))
+    machines = [f"{job}-n{i}" for i in range(4)]
+    crash = make_decision(job, Action.DIAGNOSE)
+    send(run.settings, crash)
+    # While the job is stopped for diagnostics, the stall detector sees no steps and the stacks
+    # point somewhere; an Xid from a machine in the same seconds is a real fault all the same.
+    stalled = make_decision(
+        job, Action.EVICT, [machines[1]], detection={"kind": "over_eviction", "source_ts_ms": now_ms()}
+    )
+    xid = make_decision(
+        job, Action.EVICT, [machines[2]], detection={"kind": "xid-79", "source_ts_ms": now_ms()}
+    )
+    time.sleep(1.0)  # both arrive while the diagnose recovery runs
+    send(run.settings, stalled)
+    send(run.settings, xid)
+    assert run.wait(crash.decision_id).path == "reattempt"
+    assert run.wait(stalled.decision_id).state is RecoveryState.SUPERSEDED
+    assert run.wait(xid.decision_id).path == "evict"
+    assert [c["args"]["machines"] for c in run.calls("evict", job)] == [[machines[2]]]

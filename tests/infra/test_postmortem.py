@@ -96,6 +96,6 @@ def test_incident_timeline_joins_detection_decision_and_actions(store: ClickHous
     store.insert_events([det, dec, *acts])
     (inc,) = incidents(store, job="j")
     d = inc.to_dict()
-    assert (d["detected_s"], d["decided_s"], d["recovered_s"]) == (0.8, 0.9, 3.0)
+    assert (d["detected_s"], d["localised_s"], d["decided_s"], d["recovered_s"]) == (0.8, 0.9, 0.9, 3.0)
     assert d["outcome"] == "succeeded" and d["machines"] == ["m1"] and d["category"] == "gpu_unavailable"
     assert [s["step"] for s in d["steps"]] == ["recovery", "evict", "recovery"]

@@ -112,7 +112,7 @@ def postmortem(ctx: click.Context, job: str | None, decision_id: str | None, as_
         machines = ",".join(i.machines) or "-"
         click.echo(
             f"{i.decision_id[:12]}  {i.job:22} {i.action:9} {i.category:18} machines={machines}  "
-            f"detected {d['detected_s']}s  decided {d['decided_s']}s  "
+            f"detected {d['detected_s']}s  localised {d['localised_s']}s  decided {d['decided_s']}s  "
             f"recovered {d['recovered_s']}s  {i.outcome}"
         )
         if d["recovered_s"] is not None:

@@ -112,15 +112,14 @@ def inject(
         return f"{NIC} down on {machine} (stays down)"
     if kind == "nic-flap":
 
-        def flap() -> None:  # down/up twice within a minute: a flapping port
-            for _ in range(2):
-                _set_nic(cluster_dir, machine, up=False)
-                time.sleep(1.0)
-                _set_nic(cluster_dir, machine, up=True)
-                time.sleep(1.0)
+        def flap() -> None:  # one short down/up: a transient flap, to be tolerated (a second
+            # one within the NIC rules' window would make the machine an eviction candidate)
+            _set_nic(cluster_dir, machine, up=False)
+            time.sleep(1.0)
+            _set_nic(cluster_dir, machine, up=True)
 
         threading.Thread(target=flap, daemon=True).start()
-        return f"{NIC} flapping on {machine}"
+        return f"{NIC} flapped (down 1 s) on {machine}"
     if kind in faults.KINDS:
         persistent = kind in ("slow",)
         f = faults.inject_fault(cluster_dir, machine, kind, job=job, persistent=persistent)

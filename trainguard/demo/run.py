@@ -83,7 +83,7 @@ class DemoConfig:
     #: healthy training between one fault's recovery and the next injection.
     gap_s: float = 40.0
     #: how long a fault that need not stop the job (slow, flap) is watched before moving on.
-    watch_s: float = 25.0
+    watch_s: float = 35.0
     #: new warm pools wait this long before importing torch.
     warm_delay_s: float = 6.0
     web_port: int = 16400
@@ -144,6 +144,9 @@ class Demo:
                     # Eight ranks share two cores here: a rank 10-20% slower than the median is
                     # noise from its neighbours (restarts, warm pools), not a failing machine.
                     "straggler": {"min_slowdown": 1.5},
+                    # Fail-slow shows as the job's MFU falling: a 4x slower rank drops it by 75%,
+                    # the other job's cold restarts on the same cores by less than 60%.
+                    "mfu": {"decline_frac": 0.6, "sustain": 5, "warmup": 20},
                 },
                 "aggregation": {
                     "deadline_s": 8.0,
@@ -151,7 +154,9 @@ class Demo:
                     "fail_slow_rounds": 3,
                     "fail_slow_interval_s": 3.0,
                 },
-                "decide": {"dedup_window_s": 60.0},
+                # Duplicates of one incident (every rank reporting the same NaN or crash) arrive
+                # within seconds; the next incident of the same kind may come a minute later.
+                "decide": {"dedup_window_s": 20.0},
                 # Every demo "machine" shares this host's CPUs: its load says nothing about one machine.
                 "host": {"cpu_overload_action": "ignore"},
             },
@@ -332,7 +337,7 @@ class Demo:
         """Wait until every recovery the fault caused has ended and training is past the fault."""
         t_ms = int(at * 1000)
         deadline = time.monotonic() + self.cfg.incident_timeout_s
-        watch_until = at + (self.cfg.watch_s if kind in ("slow", "nic-flap") else 3.0)
+        watch_until = at + {"slow": self.cfg.watch_s, "nic-flap": 10.0}.get(kind, 3.0)
         last_print = 0.0
         while time.monotonic() < deadline:
             step, loss = self.progress()

@@ -67,6 +67,10 @@ class Progress:
         write_atomic(self.path, json.dumps(self.fields))
 
 
+#: nominal FP32 FLOP/s of one rank's share of a CPU core (MFU's denominator; see run_rank).
+NOMINAL_PEAK_FLOPS = 1e9
+
+
 def _fault_hook(hang: bool, oom: bool) -> Callable[[], None] | None:
     if not (hang or oom):
         return None
@@ -161,6 +165,11 @@ def run_rank(spec: JobSpec, rank: int) -> int:
         phases = ", ".join(f"{n} {t - p:.2f}s" for (n, t), p in zip(marks, starts, strict=True))
         print(f"rank {rank}: started in {marks[-1][1] - t0:.2f}s ({phases})", flush=True)
         tokens = spec.micro_batch * spec.microbatches * spec.model.seq_len
+        # MFU = model FLOPs per second / peak: 6 FLOPs per parameter per token (forward and
+        # backward), over a nominal per-rank CPU peak -- the demo's MFU is relative, which is all
+        # the MFU-decline detector needs to see a fail-slow rank pull the whole job down.
+        rep.flops_per_step = 6.0 * sum(p.numel() for p in stage.parameters()) * tokens
+        rep.peak_flops = NOMINAL_PEAK_FLOPS
         base_step_s: float | None = None  # the rank's normal step time, the unit of the slow fault
         t_prev = time.perf_counter()
         for step, (x, y) in zip(
