@@ -42,9 +42,7 @@ def test_ettr_counts_recomputed_steps_and_downtime_as_unproductive(store: ClickH
 
 def test_ettr_does_not_count_steps_with_a_nan_loss(store: ClickHouseStore) -> None:
     # 10 steps of 1 s; steps 6..9 trained on through a NaN loss and were never recomputed.
-    steps = [
-        replace(e, loss=float("nan") if e.step >= 6 else 2.0) for e in _steps("nan-job", range(10), T0)
-    ]
+    steps = [replace(e, loss=float("nan") if e.step >= 6 else 2.0) for e in _steps("nan-job", range(10), T0)]
     store.insert_events(steps)
     e = ettr(store, "nan-job")
     assert e.productive_s == pytest.approx(6.0) and e.wall_s == pytest.approx(10.0)
