@@ -38,6 +38,7 @@ from schemas.control import JobSpec
 from schemas.topology import JobTopology
 from schemas.typecheck import rng
 from trainguard.demo.config import JobSpec as DemoSpec
+from trainguard.demo.launcher import pid_alive
 from trainguard.demo.zygote import zygote_pid
 
 
@@ -82,16 +83,6 @@ def _cmdline(pid: int) -> list[str]:
     args = [a for a in raw.split("\0") if a]
     # A renamed process (setproctitle: a woken warm process) has one space-separated title.
     return args[0].split() if len(args) == 1 else args
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (dead, waiting for a parent that may not be us) is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state letter follows the parenthesised command name, which may itself hold ") ".
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
 
 
 def _ppid(pid: int) -> int:
@@ -181,7 +172,7 @@ class LocalExecutor:
                 "trainguard.demo.standby" in argv
                 and _flag(argv, "--cluster-dir") == str(self.cluster)
                 and _flag(argv, "--machine") == machine
-                and _alive(int(entry.name))
+                and pid_alive(int(entry.name))
             ):
                 pool = str(_flag(argv, "--pool"))
                 if self._activated_for(machine, pool) is None:
@@ -194,9 +185,9 @@ class LocalExecutor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)  # each rank leads its group: its DataLoader worker goes too
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
                 time.sleep(0.05)
-            if not any(_alive(p) for p in pids):
+            if not any(pid_alive(p) for p in pids):
                 return
 
     # -- the Executor protocol ----------------------------------------------------------------
@@ -216,7 +207,6 @@ class LocalExecutor:
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
         from trainguard.demo.launcher import new_pool, start_zygote
         from trainguard.demo.node import start_exporter
-        from trainguard.demo.zygote import zygote_pid
 
         demo = self.demo_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
         state = self._load_state()

@@ -196,7 +196,8 @@ def new_pool(cluster_dir: str | os.PathLike[str], machine: str, slots: int, warm
     return pool
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped by its parent, is not)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -221,7 +222,7 @@ def ready_pools(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -
             ]
         except (OSError, ValueError):
             continue
-        if all(s.get("status") == "standby" and _pid_alive(int(s.get("pid", 0))) for s in status):
+        if all(s.get("status") == "standby" and pid_alive(int(s.get("pid", 0))) for s in status):
             ready.append(pool)
     return ready
 
