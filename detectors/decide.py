@@ -84,13 +84,7 @@ class DecisionPolicy:
         targets = self.targets(d, topology)
         if d.action is Action.EVICT and not targets.machines:
             return None  # nothing to evict: the detection stays on record for operators
-        # Evictions are per target; other actions act on the whole job, so one per job and fault
-        # category suffices (every rank reporting the same NaN is one fault; a NaN after a CPU
-        # overload is another).
-        key_targets = (
-            (tuple(targets.machines), tuple(targets.ranks)) if d.action is Action.EVICT else (d.category,)
-        )
-        key = (d.job, d.action.value, key_targets)
+        key = self._key(d.job, d.action, targets, d.category)
         window_ms = int(self.config.dedup_window_s * 1000)
         event_ms = d.source_ts_ms or d.ts_ms
         last = self._last.get(key)
@@ -98,10 +92,7 @@ class DecisionPolicy:
         if last is not None and abs(event_ms - last) < window_ms:
             self.suppressed += 1
             return None
-        self._last[key] = max(event_ms, last or 0)
-        self._last.move_to_end(key)
-        while len(self._last) > self.config.max_remembered:
-            self._last.popitem(last=False)
+        self._remember(key, event_ms)
         bucket = event_ms - event_ms % window_ms if window_ms else event_ms
         return Decision(
             decision_id=decision_id(d.job, d.action, targets, bucket),
@@ -123,6 +114,32 @@ class DecisionPolicy:
                 **({"analysis": d.evidence} if d.kind == "over_eviction" else {}),
             },
         )
+
+    def remember(self, dec: Decision) -> None:
+        """Take ``dec``, decided earlier (by this policy or another), as decided: repeats are suppressed.
+
+        What a restarted or offline policy needs to continue where a live one left off.
+        """
+        det = dec.evidence.get("detection") if isinstance(dec.evidence, dict) else None
+        det = det if isinstance(det, dict) else {}
+        key = self._key(dec.job, dec.action, dec.targets, str(det.get("category", "")))
+        self._remember(key, int(det.get("source_ts_ms") or dec.ts_ms))
+
+    @staticmethod
+    def _key(job: str, action: Action, targets: Targets, category: str) -> tuple[Any, ...]:
+        # Evictions are per target; other actions act on the whole job, so one per job and fault
+        # category suffices (every rank reporting the same NaN is one fault; a NaN after a CPU
+        # overload is another).
+        key_targets = (
+            (tuple(targets.machines), tuple(targets.ranks)) if action is Action.EVICT else (category,)
+        )
+        return (job, action.value, key_targets)
+
+    def _remember(self, key: tuple[Any, ...], event_ms: int) -> None:
+        self._last[key] = max(event_ms, self._last.get(key) or 0)
+        self._last.move_to_end(key)
+        while len(self._last) > self.config.max_remembered:
+            self._last.popitem(last=False)
 
     def set_window(self, dedup_window_s: float) -> None:
         from dataclasses import replace

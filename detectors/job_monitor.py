@@ -11,6 +11,8 @@ processes are alive -- long before an NCCL/gloo timeout would fire.
 ...     _ = m.on_step(TrainingStep(job="j", rank=r, step=1, ts_ms=1000), now_ms=1000)
 >>> [d.kind for d in m.on_step(TrainingStep(job="j", rank=0, step=2, ts_ms=2000, loss=float("nan")), 2000)]
 ['nan']
+>>> m.check(now_ms=40_000, stream_now_ms=20_000)  # the worker is 20 s behind its input: no hang
+[]
 >>> [(d.kind, d.action.value) for d in m.check(now_ms=40_000)]
 [('hang', 'aggregate')]
 """
@@ -90,11 +92,16 @@ class JobMonitor:
             finding = _with(finding, ranks=(e.rank,), node=e.node)
         return [self._det(finding, e.ts_ms, now_ms, ("exit", e.node, e.pid))]
 
-    def check(self, now_ms: int) -> list[Detection]:
-        """Time-based findings: a stall (reported once per stalled step) and stragglers."""
+    def check(self, now_ms: int, stream_now_ms: int | None = None) -> list[Detection]:
+        """Time-based findings: a stall (reported once per stalled step) and stragglers.
+
+        ``stream_now_ms`` is how far the input stream has got (:class:`~detectors.windows.
+        StreamClock`): progress is judged against it, so a consumer that lags does not take
+        every job for stalled; detections are still stamped with ``now_ms``."""
         now = now_ms / 1000
         out = []
-        hang = self.stall.check(now, alive=self.alive or None)
+        stream_now = (stream_now_ms if stream_now_ms is not None else now_ms) / 1000
+        hang = self.stall.check(stream_now, alive=self.alive or None)
         if hang is not None:
             max_step = int(hang.evidence["max_step"])
             if self._hang_reported_at_step != max_step:

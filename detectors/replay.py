@@ -18,12 +18,16 @@ worker's agents (``streams/agents/``) use, wired the same way:
   id of the live run, so a job's dumps are filed under the job's pending capture (there is one
   capture per job at a time).
 
-Differences from the live worker, on purpose: the clock is the records' own timestamps (the
-Kafka record time, when the event reached the broker), not the wall clock; timers fire at every
-multiple of their interval between two records; an emitted detection reaches the decide step,
-and a decision the aggregation step, at once instead of through Kafka.  Recorded detections are
-ignored (this pipeline makes its own); commands, actions and heartbeats are not inputs of any
-detector.  Garbage records are counted, as the agents skip them (the sink dead-letters them).
+State from before the recording that shapes what happens in it -- the decisions already made,
+which de-duplicate repeats, and the last capture's time (cooldown) -- is passed in as ``prior``
+decisions.  Differences from the live worker, on purpose: the clock is the records' own
+timestamps (the Kafka record time, when the event reached the broker), not the wall clock, so
+the worker's processing lag is not replayed; timers fire at every multiple of their interval
+between two records and stop at the last record (except the capture timer, which runs on to
+close open captures); an emitted detection reaches the decide step, and a decision the
+aggregation step, at once instead of through Kafka.  Recorded detections are ignored (this
+pipeline makes its own); commands, actions and heartbeats are not inputs of any detector.
+Garbage records are returned as rejects, as the agents skip them (the sink dead-letters them).
 """
 
 from __future__ import annotations
@@ -91,7 +95,8 @@ def decode_records(records: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[int
         except DecodeError as exc:
             rejected.append(f"{rec.get('topic')}@{rec.get('offset')}: {exc}")
             continue
-        events.append((int(rec.get("ts_ms") or getattr(ev, "ts_ms", 0)), ev))
+        ts: Any = rec.get("ts_ms") or getattr(ev, "ts_ms", 0)
+        events.append((int(ts), ev))
     return events, rejected
 
 
@@ -135,6 +140,13 @@ class OfflinePipeline:
                     ev, self.config.anomaly_detector, self.config.anomaly_threshold, now
                 )
                 self._emit([det] if det is not None else [], now)
+
+    def remember(self, dec: Decision) -> None:
+        """Start from the live worker's state: ``dec`` was decided before the recording began."""
+        self.policy.remember(dec)
+        if dec.action is Action.AGGREGATE:
+            last = self.captures.last_capture_ms.get(dec.job, dec.ts_ms)
+            self.captures.last_capture_ms[dec.job] = max(last, dec.ts_ms)
 
     def advance(self, now_ms: int) -> None:
         """Move the clock to ``now_ms``, firing the training check and capture timers on the way."""
@@ -203,9 +215,19 @@ class OfflinePipeline:
             self._emit([det], now)
 
 
-def replay_events(events: Iterable[tuple[int, Event]], config: ReplayConfig | None = None) -> ReplayResult:
-    """Run ``(ts_ms, event)`` pairs (time order) through the offline pipeline; detections and decisions."""
+def replay_events(
+    events: Iterable[tuple[int, Event]],
+    config: ReplayConfig | None = None,
+    prior: Iterable[Decision] = (),
+) -> ReplayResult:
+    """Run ``(ts_ms, event)`` pairs (time order) through the offline pipeline; detections and decisions.
+
+    ``prior``: the worker's decisions from before the recording (de-duplication window and capture
+    cooldown), so the replay continues where the live worker was rather than from a blank state.
+    """
     pipeline = OfflinePipeline(config)
+    for dec in prior:
+        pipeline.remember(dec)
     for ts, ev in events:
         pipeline.feed(ts, ev)
     return pipeline.finish()

@@ -98,3 +98,43 @@ class WindowTracker:
 
     def __len__(self) -> int:
         return len(self._counters)
+
+
+class StreamClock:
+    """The "now" a time-based check may assume on a stream that can lag behind the wall clock.
+
+    A stall check compares "now" with the last step it has *processed*.  With the wall clock,
+    a worker that falls 6 s behind its input (a CPU spike, a rebalance) sees every job as stalled
+    for 6 s.  With event time alone, a job whose ranks all stopped would never look stalled, since
+    nothing arrives to move the clock.  The usual answer (a watermark with idle sources): while
+    events keep arriving, now is the newest event time seen (the stream says how far it got);
+    once nothing has arrived for ``idle_s`` the input is drained, and now is the wall clock.
+    Between arrivals the event clock runs on at wall speed from the newest event.
+
+    >>> c = StreamClock(idle_s=1.0)
+    >>> c.now(10_000)                      # nothing seen yet: the wall clock
+    10000
+    >>> c.observe(event_ms=4_000, arrived_ms=10_000)  # a backlog 6 s old is being read
+    >>> c.now(10_200)                      # 0.2 s later: the stream's time, 0.2 s on
+    4200
+    >>> c.now(11_500)                      # nothing new for 1.5 s: caught up, wall clock again
+    11500
+    """
+
+    def __init__(self, idle_s: float = 1.0) -> None:
+        self.idle_ms = int(idle_s * 1000)
+        self.newest_event_ms: int | None = None
+        self.last_arrival_ms: int | None = None
+
+    def observe(self, event_ms: int, arrived_ms: int) -> None:
+        if self.newest_event_ms is None or event_ms > self.newest_event_ms:
+            self.newest_event_ms = event_ms
+        self.last_arrival_ms = arrived_ms
+
+    def now(self, wall_ms: int) -> int:
+        if self.newest_event_ms is None or self.last_arrival_ms is None:
+            return wall_ms
+        if wall_ms - self.last_arrival_ms > self.idle_ms:
+            return wall_ms
+        # Never ahead of the wall clock (a producer with a fast clock must not age the others).
+        return min(wall_ms, self.newest_event_ms + (wall_ms - self.last_arrival_ms))

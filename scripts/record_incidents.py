@@ -12,9 +12,13 @@ that job and of its machines (the machines and standbys of any of its specs), an
   knowledge: the worker knows the topology from the job's start); its record time is set to the
   window start so a replay does not wait for it, the event itself is unchanged;
 * of the decisions topic only the operator's code update of the ``user-error`` fault is kept
-  (an input of the action service); the stream worker's own decisions in the window are what
-  the real run decided, and go into ``OUT/expected.yaml`` (one row per fault, with the action
-  the demo reported) instead of the recording;
+  (an input of the action service).  The stream worker's own decisions made after the
+  injection from events of the window (event time up to the window's end, decided up to 30 s
+  later: a lagging worker decides late) are what the real run decided, and go into
+  ``OUT/expected.yaml`` (one row per fault, with what the demo reported) instead;
+* the worker's decisions of the ``--lookback-s`` (90 s) before the window go into
+  ``OUT/<fault>.prior.jsonl``: the worker's state when the window opens (de-duplication of
+  repeats, capture cooldown), which an offline replay starts from;
 * GPU sample batches further than ``--gpu-keep-s`` (3 s) from the injection are dropped when a
   recording would otherwise exceed ``--max-bytes`` (no GPU rule fires on this CPU-only cluster;
   the batches feed only the informational anomaly scores);
@@ -97,10 +101,17 @@ def keep(ev: Event, job: str, nodes: set[str]) -> bool:
     return ev_job == job or (not ev_job and getattr(ev, "node", "") in nodes)
 
 
-def decision_row(d: Decision) -> dict[str, Any]:
+def source_ms(d: Decision) -> int:
+    """Event time of what the decision was made from (its detection's trigger)."""
+    det = d.evidence.get("detection") if isinstance(d.evidence, dict) else None
+    return int((det or {}).get("source_ts_ms") or d.ts_ms)
+
+
+def decision_row(d: Decision, inj_ms: int) -> dict[str, Any]:
     det = d.evidence.get("detection", {}) if isinstance(d.evidence, dict) else {}
     return {
-        "at_s": None,  # filled by the caller (seconds after the injection)
+        "at_s": round((d.ts_ms - inj_ms) / 1000, 2),
+        "source_s": round((source_ms(d) - inj_ms) / 1000, 2),
         "action": d.action.value,
         "machines": list(d.targets.machines),
         "group_kind": d.targets.group_kind,
@@ -109,7 +120,7 @@ def decision_row(d: Decision) -> dict[str, Any]:
 
 
 def record_incident(
-    kafka: Any, job: str, inc: dict[str, Any], out: Path, max_bytes: int, gpu_keep_s: float
+    kafka: Any, job: str, inc: dict[str, Any], out: Path, opts: argparse.Namespace
 ) -> dict[str, Any]:
     since, until = window_ms(inc)
     inj_ms = int(float(inc["injected_at"]) * 1000)
@@ -121,35 +132,43 @@ def record_incident(
         first = dict(before[-1][0])
         first["ts_ms"] = since
         lines.append(first)
-    decisions: list[dict[str, Any]] = []
     for rec in read_window(kafka, [t.name for t in INPUT_TOPICS], since, until):
         ev = event_of(rec)
-        if ev is None:
-            continue
-        if isinstance(ev, Decision) and ev.job == job and not is_code_update(ev) and ev.ts_ms >= inj_ms:
-            row = decision_row(ev)
-            row["at_s"] = round((ev.ts_ms - inj_ms) / 1000, 2)
-            decisions.append(row)
-        if keep(ev, job, nodes):
+        if ev is not None and keep(ev, job, nodes):
             lines.append(rec)
+    # The worker's own decisions: before the window (its state at the start), and the ones made
+    # from the window's events, however late (lag): event time in the window, decided after the
+    # injection.
+    prior: list[dict[str, Any]] = []
+    decisions: list[dict[str, Any]] = []
+    lookback = int(opts.lookback_s * 1000)
+    for rec in read_window(kafka, [DECISIONS.name], since - lookback, until + 30_000):
+        ev = event_of(rec)
+        if not isinstance(ev, Decision) or ev.job != job or is_code_update(ev):
+            continue
+        if rec["ts_ms"] < since:
+            prior.append(rec)
+        elif ev.ts_ms >= inj_ms and source_ms(ev) <= until:
+            decisions.append(decision_row(ev, inj_ms))
 
     def size(recs: list[dict[str, Any]]) -> int:
         return sum(len(json.dumps(r, separators=(",", ":"))) + 1 for r in recs)
 
     trimmed = False
-    if size(lines) > max_bytes:
-        lines = [
-            r for r in lines if r["topic"] != GPU.name or abs(int(r["ts_ms"]) - inj_ms) <= gpu_keep_s * 1000
-        ]
+    if size(lines) > opts.max_bytes:
+        keep_ms = opts.gpu_keep_s * 1000
+        lines = [r for r in lines if r["topic"] != GPU.name or abs(int(r["ts_ms"]) - inj_ms) <= keep_ms]
         trimmed = True
-    path = out / f"{inc['fault']}.jsonl"
-    with open(path, "w", encoding="utf-8") as fh:
-        for r in lines:
-            fh.write(json.dumps(r, separators=(",", ":")) + "\n")
+    fault = inc["fault"]
+    for name, recs in ((f"{fault}.jsonl", lines), (f"{fault}.prior.jsonl", prior)):
+        with open(out / name, "w", encoding="utf-8") as fh:
+            for r in recs:
+                fh.write(json.dumps(r, separators=(",", ":")) + "\n")
     return {
-        "fault": inc["fault"],
+        "fault": fault,
         "machine": inc["machine"],
-        "recording": path.name,
+        "recording": f"{fault}.jsonl",
+        "prior_decisions": f"{fault}.prior.jsonl",
         "injected_at_ms": inj_ms,
         "window_ms": [since, until],
         "records": len(lines),
@@ -169,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", type=Path, default=None, help="the demo run's folder (for worker.yaml)")
     p.add_argument("--max-bytes", type=int, default=1_400_000)
     p.add_argument("--gpu-keep-s", type=float, default=3.0)
+    p.add_argument(
+        "--lookback-s", type=float, default=90.0, help="worker decisions this long before a window: its state"
+    )
     args = p.parse_args(argv)
     summary = json.loads(args.summary.read_text())
     job = summary["job"]
@@ -181,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "worker.yaml").write_text(yaml.safe_dump(worker, sort_keys=True))
     rows = []
     for inc in summary["incidents"]:
-        row = record_incident(kafka, job, inc, args.out, args.max_bytes, args.gpu_keep_s)
+        row = record_incident(kafka, job, inc, args.out, args)
         size = (args.out / row["recording"]).stat().st_size
         print(
             f"{row['fault']:<16} {row['records']:>6} records {size / 1e6:6.2f} MB  "

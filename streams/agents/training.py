@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from detectors.job_monitor import JobMonitor
+from detectors.windows import StreamClock
 from schemas.base import Event, now_ms
 from schemas.topics import EXITS, STEPS
 from schemas.workload import ProcessExit, TrainingStep
@@ -26,6 +27,8 @@ class Monitors:
         self.ctx = ctx
         self.by_job: dict[str, JobMonitor] = {}
         self.partition: dict[str, int] = {}
+        #: stall checks use the stream's time, so a lagging worker does not see every job stall.
+        self.clock = StreamClock(idle_s=1.0)
 
     def get(self, job: str) -> JobMonitor:
         if job not in self.by_job:
@@ -53,6 +56,7 @@ def register(ctx: WorkerContext) -> Monitors:
 
     async def body(ev: Event) -> None:
         if isinstance(ev, TrainingStep):
+            monitors.clock.observe(ev.ts_ms, now_ms())
             dets = monitors.get(ev.job).on_step(ev, now_ms())
         elif isinstance(ev, ProcessExit):
             dets = monitors.get(ev.job).on_exit(ev, now_ms()) if ev.job else []
@@ -72,11 +76,12 @@ def register(ctx: WorkerContext) -> Monitors:
     @ctx.app.timer(ctx.cfg.check_interval_s)
     async def check_jobs() -> None:
         now = now_ms()
+        stream_now = monitors.clock.now(now)
         for job in list(monitors.by_job):
             if not monitors.owned(job):
                 del monitors.by_job[job]
                 continue
-            for det in monitors.by_job[job].check(now):
+            for det in monitors.by_job[job].check(now, stream_now):
                 await ctx.emit(det)
                 ctx.metrics.detections.labels(NAME).inc()
 

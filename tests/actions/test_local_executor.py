@@ -74,9 +74,11 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         ex.restart(_control_spec(demo), _ctx("restart"))
         wait_until(lambda: set(ex._ranks("t")) == warm, 30, "the woken pools found as the job's ranks")
         assert not cold & set(ex._ranks("t"))  # the old generation is gone
+        # Woken processes take the trainer's command line (found by it from then on).
+        wait_until(lambda: all("trainguard.demo.trainer" in _cmdline(p) for p in warm), 30, "renamed ranks")
         for pid in warm:
             argv = _cmdline(pid)
-            assert "trainguard.demo.trainer" in argv and "--rank" in argv and "--job" in argv
+            assert "--rank" in argv and "--job" in argv and "--machine" in argv
         wait_until(lambda: _steps_past(demo, 5, warm), 60, "steps of the woken ranks")
         log = (tmp_path / "machines" / "m0" / "logs" / "standby").glob("*-slot-0.out")
         assert any("resumed at step" in f.read_text() for f in log)

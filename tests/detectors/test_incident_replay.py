@@ -11,8 +11,8 @@ calls for.  The slow test replays recordings into the real broker for a fresh re
 from __future__ import annotations
 
 import json
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,16 @@ FAULTS = (
     "user-error",
     "oom",
 )
-#: faults whose real run did not decide what the rules ask for (the demo is being fixed): the
-#: replay reproduces the real run, and the rule check fails, on purpose, until the fix.
-WRONG_IN_REAL_RUN: dict[str, str] = {}
+#: faults whose replay does not decide what the real run decided, or what the rules ask for.
+SLOW_LAG = (
+    "the recorded run's eviction came from a false stall alarm: its worker lagged ~6 s behind its "
+    "input under the demo's CPU overload and compared the wall clock with the last *processed* step "
+    "(fixed since: stall checks use the stream's own clock, detectors.windows.StreamClock); replayed "
+    "on the records' clock there is no stall, every rank of a synchronous job is equally slow (no "
+    "straggler), and this recording predates the trainer's MFU reports: no fail-slow suspicion"
+)
+NOT_AS_REAL: dict[str, str] = {"slow": SLOW_LAG}
+NOT_AS_RULES: dict[str, str] = {"slow": SLOW_LAG}
 
 Decided = list[tuple[str, list[str]]]
 
@@ -55,27 +62,34 @@ def _replayed(row: dict[str, Any]) -> ReplayResult:
     events, rejected = decode_records(read_recording(FIXTURES / row["recording"]))
     assert not rejected, rejected
     assert events, f"{row['recording']} is empty"
-    return replay_events(events, CONFIG)
+    prior, rejected = decode_records(read_recording(FIXTURES / row["prior_decisions"]))
+    assert not rejected, rejected
+    return replay_events(events, CONFIG, prior=[d for _, d in prior if isinstance(d, Decision)])
+
+
+def _source_ms(d: Decision) -> int:
+    return int(d.evidence.get("detection", {}).get("source_ts_ms") or d.ts_ms)
+
+
+def _in_window(decisions: list[Decision], row: dict[str, Any]) -> list[Decision]:
+    """Decided after the injection from events of the window (as the real run's are selected)."""
+    return [d for d in decisions if d.ts_ms >= row["injected_at_ms"] and _source_ms(d) <= row["window_ms"][1]]
 
 
 def _since_injection(decisions: list[Decision], row: dict[str, Any]) -> Decided:
-    return [
-        (d.action.value, sorted(d.targets.machines)) for d in decisions if d.ts_ms >= row["injected_at_ms"]
-    ]
+    return [(d.action.value, sorted(d.targets.machines)) for d in _in_window(decisions, row)]
 
 
 def _real(row: dict[str, Any]) -> Decided:
     return [(d["action"], sorted(d["machines"])) for d in row["decisions"]]
 
 
-def _rule_params() -> list[Any]:
+def _params(known: dict[str, str]) -> list[Any]:
     return [
         pytest.param(
             r,
             id=r["fault"],
-            marks=[pytest.mark.xfail(strict=True, reason=WRONG_IN_REAL_RUN[r["fault"]])]
-            if r["fault"] in WRONG_IN_REAL_RUN
-            else [],
+            marks=[pytest.mark.xfail(strict=True, reason=known[r["fault"]])] if r["fault"] in known else [],
         )
         for r in ROWS
     ]
@@ -88,7 +102,7 @@ def test_every_fault_kind_has_a_recording() -> None:
         assert 0 < size < 1_600_000, (r["recording"], size)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r["fault"] for r in ROWS])
+@pytest.mark.parametrize("row", _params(NOT_AS_REAL))
 def test_replay_decides_what_the_real_run_decided(row: dict[str, Any]) -> None:
     result = _replayed(row)
     assert _since_injection(result.decisions, row) == _real(row)
@@ -102,7 +116,7 @@ def _acting(decided: Decided) -> Decided:
     return [(a, m) for a, m in decided if a != "aggregate"]
 
 
-@pytest.mark.parametrize("row", _rule_params())
+@pytest.mark.parametrize("row", _params(NOT_AS_RULES))
 def test_replay_decides_what_the_fault_calls_for(row: dict[str, Any]) -> None:
     fault, machine = row["fault"], row["machine"]
     result = _replayed(row)
@@ -112,16 +126,18 @@ def test_replay_decides_what_the_fault_calls_for(row: dict[str, Any]) -> None:
         # A machine-specific explicit fault: evict that machine, and only it, first.
         assert acting and acting[0] == ("evict", [machine]), decided
     elif fault == "nic-flap":
-        # Two carrier drops within a minute: recorded, tolerated, nobody evicted.
-        assert not any(a == "evict" for a, _ in decided), decided
-        assert any(d.node == machine and d.category == "nic" for d in result.detections)
+        # Two carrier drops within a minute on one port: recorded, tolerated, nobody evicted.
+        assert not decided, decided
+        assert any(d.node == machine and d.category == "network_error" for d in result.detections)
     elif fault in ("hang", "hang-dataloader", "hang-checkpoint", "slow"):
         # Hang / fail-slow suspicion: capture stacks first, then evict the group of the culprit.
         assert decided and decided[0][0] == "aggregate", decided
-        first = next(d for d in result.decisions if d.ts_ms >= row["injected_at_ms"])
-        category = first.evidence["detection"]["category"]
-        assert category in (("fail_slow", "straggler", "mfu_decline") if fault == "slow" else ("hang",))
+        category = _in_window(result.decisions, row)[0].evidence["detection"]["category"]
+        assert category in (("fail_slow", "mfu_decline") if fault == "slow" else ("job_hang",)), category
         assert acting and acting[0][0] == "evict" and machine in acting[0][1], decided
+        # ... judged from the recorded stack dumps of every rank, not from missing answers.
+        verdict = next(d for d in result.detections if d.kind == "over_eviction")
+        assert verdict.evidence["dumps"] > 0 and not verdict.evidence["missing_ranks"], verdict.evidence
     else:
         want = {"oom": "restart", "crash": "diagnose", "nan": "diagnose", "user-error": "rollback"}[fault]
         assert acting and acting[0][0] == want, decided
@@ -177,9 +193,11 @@ def _renamed_copy(row: dict[str, Any], job: str, tag: str, out: Path, start_ms: 
     return shift, path
 
 
-#: machine faults and exits: decided from the inputs alone (a hang's stack capture would need the
-#: recorded dumps to answer the new worker's capture id, which only the offline replay maps).
-THROUGH_KAFKA = ("xid", "nic-down", "crash")
+#: a kernel-log rule, a NIC rule with its count window and dedup expiry, process-exit rules.  Not
+#: the hangs: their stack capture would need the recorded dumps to answer the new worker's capture
+#: id, which only the offline replay maps; not the code push (the decision it starts from would
+#: reach any action service on the broker).
+THROUGH_KAFKA = ("xid", "nic-down", "crash", "oom")
 
 
 @pytest.mark.slow
@@ -189,28 +207,44 @@ def test_real_worker_decides_what_the_real_run_decided(stack_settings: Settings,
     worker.start()
     watcher = Watcher(stack_settings, DECISIONS)
     try:
-        rows = [r for r in ROWS if r["fault"] in THROUGH_KAFKA]
-        start_ms = int(time.time() * 1000) + 1000
+        start_ms = int(time.time() * 1000) + 3000
         plans = []
-        for row in rows:
+        for row in (r for r in ROWS if r["fault"] in THROUGH_KAFKA):
             tag = unique(row["fault"])
             shift, path = _renamed_copy(row, f"{tag}-job", tag, tmp_path, start_ms)
             plans.append((row, f"{tag}-job", shift, tag, path))
-        threads = [
-            threading.Thread(target=replay, args=(stack_settings.kafka, path), kwargs={"speed": 1.0})
-            for *_, path in plans
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=180)
-        watcher.all(lambda e: True, settle_s=5.0)
+
+        def play(path: Path) -> int:
+            time.sleep(max(0.0, start_ms / 1000 - time.time()))  # event times were moved to start_ms
+            return replay(stack_settings.kafka, path, speed=1.0)
+
+        # All at once, in real time: the worker's wall clock must see the recorded pace.
+        with ThreadPoolExecutor(len(plans)) as pool:
+            sent = list(pool.map(play, [p[4] for p in plans]))
+        assert all(sent), sent
+        watcher.all(lambda e: True, settle_s=8.0)
         for row, job, shift, tag, _ in plans:
+            # Decided after the injection, from the window's events, and by 3 s after its end: later,
+            # the recording has ended and the worker's wall clock sees the steps stop (a stall).
+            # Decision ids are deterministic: another worker on the broker repeats them, never adds.
+            end = row["window_ms"][1] + shift
+            mine = {
+                e.decision_id: e
+                for e in watcher.seen
+                if isinstance(e, Decision)
+                and e.job == job
+                and row["injected_at_ms"] + shift <= e.ts_ms <= end + 3000
+                and _source_ms(e) <= end
+            }
             got = [
                 (e.action.value, sorted(m.removeprefix(f"{tag}-") for m in e.targets.machines))
-                for e in watcher.seen
-                if isinstance(e, Decision) and e.job == job and e.ts_ms >= row["injected_at_ms"] + shift
+                for e in sorted(mine.values(), key=lambda e: e.ts_ms)
             ]
+            if got != _real(row):  # everything decided about the job, seconds after the window's end
+                for e in watcher.seen:
+                    if isinstance(e, Decision) and e.job == job:
+                        at, src = (e.ts_ms - end) / 1000, (_source_ms(e) - end) / 1000
+                        print(row["fault"], e.decision_id[:8], e.action.value, e.targets.machines, at, src)
             assert got == _real(row), (row["fault"], got)
     finally:
         watcher.close()
