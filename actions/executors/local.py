@@ -29,6 +29,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from actions.diagnostics import LocalFaults, run_local
@@ -66,7 +67,8 @@ class LocalConfig:
     warm_delay_s: float = field(default=8.0, metadata=rng(0, 600))
 
 
-def wait_for(pred: Callable[[], bool], timeout_s: float) -> bool:
+def wait_for(pred: Callable[[], object], timeout_s: float) -> bool:
+    """Poll ``pred`` until it is truthy or ``timeout_s`` passes; whether it became truthy."""
     deadline = time.monotonic() + timeout_s
     while not pred():
         if time.monotonic() >= deadline:
@@ -133,15 +135,22 @@ class LocalExecutor:
             raise PermanentError(f"no launch settings for job {spec.job} at {path}: {exc}") from exc
         return replace(demo, machines=list(spec.topology.machines), resume=True)
 
-    def _ranks(self, job: str, machines: set[str] | None = None) -> list[int]:
+    def _processes(self) -> list[tuple[int, list[str]]]:
+        """(pid, argv) of every live process of this cluster: one pass over ``/proc``."""
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                argv = _cmdline(int(entry.name))
+                if _flag(argv, "--cluster-dir") == str(self.cluster) and pid_alive(int(entry.name)):
+                    out.append((int(entry.name), argv))
+        return out
+
+    def _ranks(
+        self, job: str, machines: set[str] | None = None, procs: list[tuple[int, list[str]]] | None = None
+    ) -> list[int]:
         """Pids of the job's live rank processes (optionally only on ``machines``)."""
         pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            argv = _cmdline(int(entry.name))
-            if _flag(argv, "--cluster-dir") != str(self.cluster):
-                continue
+        for pid, argv in self._processes() if procs is None else procs:
             machine = _flag(argv, "--machine")
             if "trainguard.demo.trainer" in argv:
                 mine = _flag(argv, "--job") == job
@@ -150,7 +159,7 @@ class LocalExecutor:
             else:
                 continue
             if mine and (machines is None or machine in machines):
-                pids.append(int(entry.name))
+                pids.append(pid)
         # A rank's DataLoader worker is a fork with the same command line: not a rank of its own.
         return [p for p in pids if _ppid(p) not in pids]
 
@@ -161,22 +170,14 @@ class LocalExecutor:
         except (OSError, ValueError, KeyError):
             return None
 
-    def _spares(self, machine: str) -> dict[str, list[int]]:
+    def _spares(self, machine: str, procs: list[tuple[int, list[str]]] | None = None) -> dict[str, list[int]]:
         """Pool -> pids of ``machine``'s warm processes that are not activated (starting or ready)."""
         pools: dict[str, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            argv = _cmdline(int(entry.name))
-            if (
-                "trainguard.demo.standby" in argv
-                and _flag(argv, "--cluster-dir") == str(self.cluster)
-                and _flag(argv, "--machine") == machine
-                and pid_alive(int(entry.name))
-            ):
+        for pid, argv in self._processes() if procs is None else procs:
+            if "trainguard.demo.standby" in argv and _flag(argv, "--machine") == machine:
                 pool = str(_flag(argv, "--pool"))
                 if self._activated_for(machine, pool) is None:
-                    pools.setdefault(pool, []).append(int(entry.name))
+                    pools.setdefault(pool, []).append(pid)
         return pools
 
     def _kill(self, pids: list[int]) -> None:
@@ -195,10 +196,11 @@ class LocalExecutor:
         self._kill(self._ranks(spec.job))
 
     def evict(self, spec: JobSpec, machines: list[str], ctx: StepContext) -> None:
-        spares = [pid for m in machines for pids in self._spares(m).values() for pid in pids]
+        procs = self._processes()
+        spares = [pid for m in machines for pids in self._spares(m, procs).values() for pid in pids]
         zygotes = [p for m in machines if (p := zygote_pid(self.cluster, m)) is not None]
         # The machine leaves with its pools and its zygote.
-        self._kill(self._ranks(spec.job, set(machines)) + spares + zygotes)
+        self._kill(self._ranks(spec.job, set(machines), procs) + spares + zygotes)
         for m in machines:
             d = self.cluster / "machines" / m
             d.mkdir(parents=True, exist_ok=True)
@@ -218,7 +220,7 @@ class LocalExecutor:
             name = f"{self.cfg.standby_prefix}{n}"
             if self.cfg.start_zygotes:  # the pool waits in the queue until the zygote is ready
                 start_zygote(self.cluster, name)
-                wait_for(lambda n=name: zygote_pid(self.cluster, n) is not None, 5.0)  # type: ignore[misc]
+                wait_for(partial(zygote_pid, self.cluster, name), 5.0)
             new_pool(self.cluster, name, demo.ranks_per_machine, warm_delay_s=self.cfg.warm_delay_s)
             if self.cfg.start_exporters:
                 start_exporter(self.cluster, name, job)  # a machine comes with its node agent
@@ -236,8 +238,7 @@ class LocalExecutor:
     def restart(self, spec: JobSpec, ctx: StepContext) -> None:
         from trainguard.demo.launcher import activate_standby, launch_job, ready_pools
 
-        if self._ranks(spec.job):
-            self.stop(spec, ctx)  # a restart always starts every rank fresh from the checkpoint
+        self._kill(self._ranks(spec.job))  # a restart always starts every rank fresh from the checkpoint
         state = self._load_state()
         gen = state.get(f"gen:{spec.job}", 0) + 1
         state[f"gen:{spec.job}"] = gen
@@ -262,8 +263,11 @@ class LocalExecutor:
         from trainguard.demo.launcher import new_pool
         from trainguard.demo.zygote import pending_requests
 
+        procs = self._processes()
         for m in machines:
-            for _ in range(self.cfg.warm_pools - len(self._spares(m)) - pending_requests(self.cluster, m)):
+            for _ in range(
+                self.cfg.warm_pools - len(self._spares(m, procs)) - pending_requests(self.cluster, m)
+            ):
                 new_pool(self.cluster, m, slots, warm_delay_s=self.cfg.warm_delay_s)
 
     def hot_update(self, spec: JobSpec, version: str, ctx: StepContext) -> None:

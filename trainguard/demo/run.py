@@ -26,7 +26,6 @@ is fair, the absolute step rate is not the point.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -277,13 +276,11 @@ class Demo:
         return DemoSpec.from_json((self.cluster / "jobs" / f"{self.job}.json").read_text())
 
     def progress(self) -> tuple[int, float | None]:
-        prog = read_progress(self.spec())
+        spec = self.spec()  # the job's current machines (a restart may have changed them)
+        prog = read_progress(spec)
         steps = [p.get("step", -1) for p in prog.values()]
         losses = [p.get("loss") for p in prog.values() if p.get("loss") is not None]
-        return (
-            min(steps) if len(steps) == self.spec().tp * self.spec().pp * self.spec().dp else -1,
-            losses[0] if losses else None,
-        )
+        return (min(steps) if len(steps) == spec.world_size else -1, losses[0] if losses else None)
 
     def _wait_steps(self, n: int, timeout_s: float, start: int | None = None) -> bool:
         base = self.progress()[0] if start is None else start
@@ -303,18 +300,19 @@ class Demo:
         return False
 
     def _recovery_line(self) -> str:
+        """The action service's view, read from its progress store (SQLite allows a reader next
+        to the writer) rather than by a ``trainguard actions status`` process every few seconds."""
+        from actions.progress import ProgressStore
+
+        path = self.dir / "actions" / "progress.sqlite"
+        if not path.exists():
+            return "no recovery yet"
+        store = ProgressStore(path)
         try:
-            out = subprocess.run(
-                [*self._tg(), "actions", "status", "--job", self.job, "--json"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                env={**os.environ, "TRAINGUARD_CONFIG": str(self.dir / "trainguard.yaml")},
-            )
-            rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip().startswith("{")]
-        except (subprocess.SubprocessError, ValueError):
-            return ""
-        return f"recoveries {len(rows)}; last: {rows[-1].get('state', '?')}" if rows else "no recovery yet"
+            recs = store.recoveries(self.job, limit=30)
+        finally:
+            store.close()
+        return f"recoveries {len(recs)}; last: {recs[-1].state.value}" if recs else "no recovery yet"
 
     def _store(self) -> ClickHouseStore:
         if self._ch is None:
