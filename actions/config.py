@@ -13,9 +13,6 @@ from typing import Any
 
 from schemas.typecheck import rng
 
-#: the stop-time tests a local executor can run (:mod:`actions.diagnostics`).
-KNOWN_TESTS = ("alignment", "connectivity")
-
 
 @dataclass(frozen=True)
 class StepPolicy:
@@ -61,8 +58,10 @@ class ActionsConfig:
     # --- escalation (ByteRobust §4.2: diagnose -> reattempt -> rollback -> dual-phase replay) --
     #: a crash within this long after a finished recovery counts as "it fails again".
     escalation_window_s: float = field(default=1800.0, metadata=rng(0, 30 * 86_400))
-    #: stop-time tests run for a crash or NaN without a culprit.
-    diagnostics: list[str] = field(default_factory=lambda: list(KNOWN_TESTS))
+    #: stop-time tests run for a crash or NaN without a culprit; None: every test the executor
+    #: declares (``Executor.diagnostic_tests``), ``[]``: none.  A test the executor cannot run is
+    #: a configuration error when the service starts.
+    diagnostics: list[str] | None = None
     #: dual-phase replay group factor k (m = k * PP, n = DP / k, m <= n).
     replay_k: int = field(default=1, metadata=rng(1, 1 << 16))
 
@@ -70,8 +69,8 @@ class ActionsConfig:
     #: per-machine daily failure probability for the binomial P99 pool size.
     standby_p_daily: float = field(default=1.2e-3, metadata=rng(0, 1))
     standby_quantile: float = field(default=0.99, metadata=rng(0.5, 0.999999))
-    #: pool size floor (the binomial rule gives 0 or 1 for small jobs; a demo wants one ready).
-    min_standbys: int = field(default=1, metadata=rng(0, 10_000))
+    #: pool size floor over the binomial rule (which gives 0 or 1 for small jobs).
+    min_standbys: int = field(default=0, metadata=rng(0, 10_000))
 
     # --- code updates (§6.1) --------------------------------------------------------------------
     #: a non-urgent update waits for the next recovery, but at most this long.
@@ -82,10 +81,16 @@ class ActionsConfig:
     #: overrides per step kind (e.g. ``diagnose: {timeout_s: 120}``).
     steps: dict[str, StepPolicy] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.diagnostics) - set(KNOWN_TESTS))
+    def diagnostic_tests(self, available: tuple[str, ...]) -> tuple[str, ...]:
+        """The stop-time tests to run, given the ones the executor can run (``available``)."""
+        if self.diagnostics is None:
+            return available
+        unknown = sorted(set(self.diagnostics) - set(available))
         if unknown:
-            raise ValueError(f"diagnostics: unknown test(s) {unknown}; known: {list(KNOWN_TESTS)}")
+            raise ValueError(
+                f"actions.diagnostics: the executor cannot run {unknown}; it runs {list(available)}"
+            )
+        return tuple(self.diagnostics)
 
     def policy(self, kind: str) -> StepPolicy:
         return self.steps.get(kind, self.step)

@@ -59,6 +59,8 @@ class RecoveryRunner:
         self.spec_of = spec_of
         self.stop = stop or threading.Event()
         self.clock = clock
+        #: the stop-time tests diagnose steps run (raises ValueError when the executor lacks one).
+        self.tests = cfg.diagnostic_tests(tuple(executor.diagnostic_tests))
 
     # --- events ----------------------------------------------------------------------------------
 
@@ -218,7 +220,7 @@ class RecoveryRunner:
             level=level,
             rollback_target=stack[-2] if len(stack) >= 2 else "",
             pending_update=lazy,
-            tests=tuple(self.cfg.diagnostics),
+            tests=self.tests,
             replay_k=self.cfg.replay_k,
         )
 

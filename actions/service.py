@@ -127,6 +127,8 @@ class ActionService:
             cfg, self.store, self.executor, self.publisher, self.store.spec, self.stop_event, clock
         )
         self._workers: dict[str, threading.Thread] = {}
+        # Warm-up (e.g. a torch-preloading diagnostics server) off the main loop, before any recovery.
+        threading.Thread(target=self.executor.prepare, name="executor-prepare", daemon=True).start()
         self._consumer: EventConsumer | None = None
         self._jobs: JobsFollower | None = None
         self.accepted = 0

@@ -19,9 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from trainguard_demo.nvml_sim import SimulatedNvml
+
 from infra.config import load_settings
 from streams.exporter.config import load_exporter_config
-from streams.exporter.nvml_sim import SimulatedNvml
 from streams.exporter.service import ExporterService
 
 

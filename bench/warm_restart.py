@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from trainguard.demo.config import JobSpec
-from trainguard.demo.launcher import (
+from trainguard_demo.config import JobSpec
+from trainguard_demo.launcher import (
     activate_standby,
     launch_job,
     new_pool,
@@ -30,7 +30,7 @@ from trainguard.demo.launcher import (
     start_zygote,
     stop_job,
 )
-from trainguard.demo.zygote import zygote_pid
+from trainguard_demo.zygote import zygote_pid
 
 
 def _first_step_after(spec: JobSpec, t0: float, timeout_s: float = 300) -> float:

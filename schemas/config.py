@@ -71,11 +71,16 @@ def _resolve(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
 
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated with ``extra``, nested mappings merged key by key (``extra`` wins).
+
+    >>> deep_merge({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3}})
+    {'a': {'x': 1, 'y': 3}, 'b': 1}
+    """
     out = dict(base)
     for k, v in extra.items():
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _merge(dict(out[k]), v)
+            out[k] = deep_merge(out[k], v)
         else:
             out[k] = v
     return out
@@ -104,7 +109,9 @@ def load_config(
     """
     merged = dict(data or {})
     if env_prefix:
-        merged = _merge(merged, _env_overrides(cls, env_prefix, os.environ if environ is None else environ))
+        merged = deep_merge(
+            merged, _env_overrides(cls, env_prefix, os.environ if environ is None else environ)
+        )
     try:
         return from_mapping(cls, merged)
     except SchemaError as exc:

@@ -35,11 +35,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Reinstall only when the dependency spec changed.
 stamp=.venv/.trainguard-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml demo/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Python dependencies (first run downloads torch: several GB, cached by pip)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  # Every role at once for a developer: the product with the node extra, the test tools, and the
+  # demo (its own distribution beside the product; it brings torch).
+  .venv/bin/python -m pip install -q -e ".[node,dev]" -e ./demo
   echo "$want" > "$stamp"
 fi
 echo "setup: ready (.venv/bin/trainguard)"

@@ -11,4 +11,5 @@ if [ "${CI:-}" = "true" ]; then trap 'trainguard stack down || true' EXIT; fi
 ruff check .
 ruff format --check .
 mypy
+lint-imports --no-cache
 pytest "$@"

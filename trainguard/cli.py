@@ -1,27 +1,18 @@
-"""The ``trainguard`` command line: one click group; each area adds its commands from
-``trainguard/commands/<area>.py`` (a module exposing ``COMMANDS``)."""
+"""The ``trainguard`` command line: one click group; every installed package adds its commands
+through the ``trainguard.commands`` entry point group (a list of click commands), the product's own
+areas (``trainguard/commands/<area>.py``) as well as plugins such as the demo."""
 
 from __future__ import annotations
 
-import importlib
 import logging
+from importlib.metadata import entry_points
 
 import click
 
 from trainguard import __version__
 
-#: modules whose COMMANDS are added to the main group, in help order.
-COMMAND_MODULES = (
-    "trainguard.commands.stack",
-    "trainguard.commands.smoke",
-    "trainguard.commands.classify",
-    "trainguard.commands.stacks",
-    "trainguard.commands.worker",
-    "trainguard.commands.ops",
-    "trainguard.commands.exporter",
-    "trainguard.commands.actions",
-    "trainguard.commands.demo",
-)
+#: the entry point group whose values are lists of click commands.
+ENTRY_POINT_GROUP = "trainguard.commands"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -45,6 +36,15 @@ def main(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
     ctx.ensure_object(dict)["config_path"] = config_path
 
 
-for _module in COMMAND_MODULES:
-    for _cmd in importlib.import_module(_module).COMMANDS:
-        main.add_command(_cmd)
+def _load_plugins() -> None:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            commands = ep.load()
+        except Exception as exc:  # a broken plugin must not take the operator's CLI down with it
+            logging.getLogger(__name__).error("commands of %s (%s) not loaded: %s", ep.name, ep.value, exc)
+            continue
+        for cmd in commands:
+            main.add_command(cmd)
+
+
+_load_plugins()

@@ -1,10 +1,10 @@
-"""Executor plugins: the interface, the registry and the built-in dry-run executor."""
+"""Executor plugins: the interface and the registry (executors are found by entry point)."""
 
-from actions.executors import dry_run as _dry_run  # noqa: F401  (registers "dry_run")
 from actions.executors.base import (
     DiagnosticResult,
     Executor,
     ExecutorEnv,
+    ExecutorPlugin,
     StepContext,
     available_executors,
     create_executor,
@@ -15,6 +15,7 @@ __all__ = [
     "DiagnosticResult",
     "Executor",
     "ExecutorEnv",
+    "ExecutorPlugin",
     "StepContext",
     "available_executors",
     "create_executor",

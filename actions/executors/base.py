@@ -2,14 +2,21 @@
 
 An executor turns recovery steps into effects on one kind of cluster: the local demo cluster
 (real processes), Kubernetes, Slurm -- or nothing at all (:mod:`~actions.executors.dry_run`).
-It is a small class implementing :class:`Executor`, registered by name with its own frozen config
-dataclass::
+It is a small class implementing :class:`Executor`, published by its package as an
+:class:`ExecutorPlugin` under the ``trainguard.executors`` entry point group (the product never
+imports an executor by name)::
 
-    register_executor("slurm", SlurmConfig, SlurmExecutor)
+    # the plugin package's pyproject.toml
+    [project.entry-points."trainguard.executors"]
+    slurm = "my_package.slurm:PLUGIN"
 
-``create_executor("slurm", options, env)`` imports ``actions.executors.slurm`` on first use (so a
-plugin module only has to exist), validates ``options`` against ``SlurmConfig`` (unknown keys are
-errors) and calls ``SlurmExecutor(config, env)``.
+    # my_package/slurm.py
+    PLUGIN = ExecutorPlugin("slurm", SlurmConfig, SlurmExecutor)
+
+``create_executor("slurm", options, env)`` loads that entry point on first use, validates
+``options`` against ``SlurmConfig`` (unknown keys are errors) and calls
+``SlurmExecutor(config, env)``.  :func:`register_executor` adds a plugin in-process (embedding,
+tests).
 
 Contract for every method:
 
@@ -26,10 +33,10 @@ Contract for every method:
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -80,6 +87,11 @@ class Executor(Protocol):
     """Effects of recovery steps on one kind of cluster (see the module docstring's contract)."""
 
     name: str
+    #: the stop-time tests :meth:`run_diagnostics` can run (``actions.diagnostics`` picks from these).
+    diagnostic_tests: tuple[str, ...]
+
+    def prepare(self) -> None:
+        """Warm up before the first recovery (the service calls it once, in a background thread)."""
 
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         """Stop every training process of the job (machines stay allocated)."""
@@ -117,28 +129,53 @@ class Executor(Protocol):
 
 
 Factory = Callable[[Any, ExecutorEnv], Executor]
-_REGISTRY: dict[str, tuple[type, Factory]] = {}
+
+#: the entry point group executor packages publish their :class:`ExecutorPlugin` under.
+ENTRY_POINT_GROUP = "trainguard.executors"
 
 
-def register_executor(name: str, config_cls: type, factory: Factory) -> None:
-    """Make ``name`` available to :func:`create_executor` (a plugin module calls this on import)."""
-    _REGISTRY[name] = (config_cls, factory)
+@dataclass(frozen=True)
+class ExecutorPlugin:
+    """What an executor package publishes: its name, its config class and how to build it."""
+
+    name: str
+    config_cls: type
+    factory: Factory
+
+
+_REGISTRY: dict[str, ExecutorPlugin] = {}
+
+
+def register_executor(plugin: ExecutorPlugin) -> None:
+    """Make ``plugin`` available to :func:`create_executor` in this process (embedding, tests)."""
+    _REGISTRY[plugin.name] = plugin
+
+
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def available_executors() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def find_executor(name: str) -> ExecutorPlugin:
+    """The plugin registered as ``name``, loading its entry point on first use."""
+    if name not in _REGISTRY:
+        ep = _entry_points().get(name)
+        if ep is None:
+            raise ConfigError(f"unknown executor {name!r}; available: {available_executors()}")
+        plugin = ep.load()
+        if not isinstance(plugin, ExecutorPlugin) or plugin.name != name:
+            raise ConfigError(
+                f"entry point {ENTRY_POINT_GROUP}:{name} ({ep.value}) is not an ExecutorPlugin named {name!r}"
+            )
+        _REGISTRY[name] = plugin
+    return _REGISTRY[name]
 
 
 def create_executor(name: str, options: dict[str, Any], env: ExecutorEnv) -> Executor:
     """Build the executor ``name`` from its options (validated by its config class)."""
-    if name not in _REGISTRY:
-        try:
-            importlib.import_module(f"actions.executors.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"actions.executors.{name}":
-                raise
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown executor {name!r}; available: {available_executors()}")
-    config_cls, factory = _REGISTRY[name]
-    config: Any = load_config(config_cls, options)
-    return factory(config, env)
+    plugin = find_executor(name)
+    config: Any = load_config(plugin.config_cls, options)
+    return plugin.factory(config, env)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import DiagnosticResult, ExecutorEnv, StepContext, register_executor
+from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
 from schemas.base import now_ms
 from schemas.control import JobSpec
 from schemas.typecheck import rng
@@ -32,6 +32,8 @@ class DryRunConfig:
     record_file: str = ""
     #: seconds each call sleeps, by method name (``evict: 2``), e.g. to kill the service mid-step.
     delays: dict[str, float] = field(default_factory=dict)
+    #: the stop-time tests this executor pretends to run (the service may pick any of them).
+    tests: list[str] = field(default_factory=lambda: ["alignment", "connectivity"])
     #: test name -> machines that fail it (``alignment: [node-2]``).
     failing_tests: dict[str, list[str]] = field(default_factory=dict)
     #: machines whose replay groups fail (silent data corruption).
@@ -53,6 +55,7 @@ class DryRunExecutor:
 
     def __init__(self, cfg: DryRunConfig, env: ExecutorEnv) -> None:
         self.cfg = cfg
+        self.diagnostic_tests = tuple(cfg.tests)
         self.path = Path(cfg.record_file) if cfg.record_file else env.state_dir / "dry_run.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -93,6 +96,9 @@ class DryRunExecutor:
         with self._lock, self.path.open("a") as fh:
             fh.write(json.dumps(line) + "\n")
             fh.flush()
+
+    def prepare(self) -> None:
+        return None
 
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         self._call("stop", spec.job, ctx, {"machines": spec.topology.machines})
@@ -155,4 +161,4 @@ class DryRunExecutor:
         pass
 
 
-register_executor("dry_run", DryRunConfig, DryRunExecutor)
+PLUGIN = ExecutorPlugin("dry_run", DryRunConfig, DryRunExecutor)

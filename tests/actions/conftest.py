@@ -83,7 +83,7 @@ def start_service(stack_settings: Settings, tmp_path: Path) -> Iterator[Callable
             state_dir=str(tmp_path / "actions"),
             poll_interval_s=0.2,
             spec_wait_s=20,
-            **overrides,
+            **{"min_standbys": 1, **overrides},
         )
         env = ExecutorEnv(state_dir=tmp_path / "actions" / "executor")
         executor = DryRunExecutor(dry_run or DryRunConfig(), env)

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.demo.config import JobSpec
-from trainguard.demo.launcher import JobHandle
+from trainguard_demo.config import JobSpec
+from trainguard_demo.launcher import JobHandle
 
 # Each test launching processes takes its own port in 29600-29699 (the brief's range).
 PORTS = {"job": 29601, "resume": 29602, "faults": 29610}

@@ -10,21 +10,21 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-
-from tests.demo.helpers import make_spec, wait_until
-from trainguard.demo import baseline, codever
-from trainguard.demo.baseline import (
+from trainguard_demo import baseline, codever
+from trainguard_demo.baseline import (
     BaselineConfig,
     BaselineSupervisor,
     StallClock,
     generation_done,
     generation_step,
 )
-from trainguard.demo.checkpoint import latest_complete
-from trainguard.demo.config import JobSpec
-from trainguard.demo.faults import inject_fault, read_faults
-from trainguard.demo.launcher import JobHandle, RankProcess, launch_job
-from trainguard.demo.trainer import build_parser, spec_from_args
+from trainguard_demo.checkpoint import latest_complete
+from trainguard_demo.config import JobSpec
+from trainguard_demo.faults import inject_fault, read_faults
+from trainguard_demo.launcher import JobHandle, RankProcess, launch_job
+from trainguard_demo.trainer import build_parser, spec_from_args
+
+from tests.demo.helpers import make_spec, wait_until
 
 # Ports of the tests below that start processes (29600-29699; see tests/demo/helpers.py).
 PORT_CRASH, PORT_NAN = 29640, 29650

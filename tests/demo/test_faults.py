@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainguard_demo import codever
+from trainguard_demo.faults import inject_fault
+from trainguard_demo.launcher import launch_job
 
 from tests.demo.helpers import PORTS, losses, make_spec, step_times, wait_until
-from trainguard.demo import codever
-from trainguard.demo.faults import inject_fault
-from trainguard.demo.launcher import launch_job
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def test_user_error_then_rollback(tmp_path: Path) -> None:
     # Stage 0 runs the buggy MLP first; stage 1 may die of the closed connection before its own.
     err = job.procs[0].stderr.read_text()
     assert "TypeError: gelu(): argument 'approximate' must be str, not bool" in err
-    assert "trainguard/demo/versions/v2_buggy.py" in err
+    assert "trainguard_demo/versions/v2_buggy.py" in err
     stopped = max(p["step"] for p in job.progress().values())
     assert codever.rollback(tmp_path) == "v1"
     resumed = make_spec(tmp_path, PORTS["faults"] + 8, pp=2, steps=stopped + 3)

@@ -7,10 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from trainguard_demo.checkpoint import backup_machine, latest_complete
+from trainguard_demo.launcher import activate_standby, launch_job, launch_standby, standby_ready, stop_job
 
 from tests.demo.helpers import PORTS, losses, make_spec, wait_until
-from trainguard.demo.checkpoint import backup_machine, latest_complete
-from trainguard.demo.launcher import activate_standby, launch_job, launch_standby, standby_ready, stop_job
 
 pytestmark = pytest.mark.slow
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from trainguard_demo.config import ModelConfig
+from trainguard_demo.corpus import VOCAB
+from trainguard_demo.model import GPTStage
+from trainguard_demo.parallel import ParallelContext, build_groups, global_grad_norm, init_distributed
+from trainguard_demo.versions.v1 import activation
 
 from schemas.topology import JobTopology
-from trainguard.demo.config import ModelConfig
-from trainguard.demo.corpus import VOCAB
-from trainguard.demo.model import GPTStage
-from trainguard.demo.parallel import ParallelContext, build_groups, global_grad_norm, init_distributed
-from trainguard.demo.versions.v1 import activation
 
 CFG = ModelConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, seq_len=8)
 TOKENS = torch.arange(16).reshape(2, 8) % len(VOCAB)

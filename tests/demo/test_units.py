@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainguard_demo import codever
+from trainguard_demo.checkpoint import CheckpointWriter, backup_machine, latest_complete, load_shard
+from trainguard_demo.config import JobSpec
+from trainguard_demo.faults import FaultPoller, clear_faults, inject_fault, read_faults
+from trainguard_demo.faults import main as faults_main
+from trainguard_demo.trainer import build_parser, spec_from_args
 
 from detectors.planning import _shares_group
-from trainguard.demo import codever
-from trainguard.demo.checkpoint import CheckpointWriter, backup_machine, latest_complete, load_shard
-from trainguard.demo.config import JobSpec
-from trainguard.demo.faults import FaultPoller, clear_faults, inject_fault, read_faults
-from trainguard.demo.faults import main as faults_main
-from trainguard.demo.trainer import build_parser, spec_from_args
 
 
 def test_argv_round_trip() -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from trainguard_demo.commands import demo_exporter
 
 from trainguard.commands.exporter import COMMANDS, exporter
 
@@ -35,7 +36,8 @@ def test_once_print_on_fixture_root(root: Path, tmp_path: Path) -> None:
         "--once",
         "--print",
     ]
-    res = CliRunner().invoke(exporter, args, obj={})
+    # The product's exporter with the demo's simulated GPUs (the demo's node agent).
+    res = CliRunner().invoke(demo_exporter, args, obj={})
     assert res.exit_code == 0, res.output
     events = [json.loads(line) for line in res.output.splitlines()]
     kinds = [e["schema"] for e in events]

@@ -6,9 +6,10 @@ import os
 import shutil
 from pathlib import Path
 
+from trainguard_demo.nvml_sim import SimulatedNvml
+
 from schemas.telemetry import GpuSampleBatch, GpuState, Heartbeat, HostSample, NicSampleBatch
 from schemas.workload import LogLine, ProcessExit
-from streams.exporter.nvml_sim import SimulatedNvml
 from streams.exporter.runner import Exporter
 from streams.exporter.sources.base import SourceContext
 from streams.exporter.sources.kernel_log import KernelLogSource

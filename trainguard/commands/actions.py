@@ -6,9 +6,7 @@
 * ``trainguard actions code-update --job J --version V [--urgent] [--previous P]`` -- request a
   code change (a restart decision on the decisions topic: urgent now, otherwise at the next
   recovery, forced after ``lazy_update_max_wait_s``);
-* ``trainguard actions versions --job J`` -- the job's recorded code changes;
-* ``trainguard actions diagnose --machines a,b,c [--perturb b] [--corrupt c]`` -- run the real
-  stop-time tests on local subprocess "machines".
+* ``trainguard actions versions --job J`` -- the job's recorded code changes.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import json
 import signal
 import threading
 import uuid
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,11 +41,6 @@ def _run(ctx: click.Context) -> None:
     from actions.service import ActionService
 
     service = ActionService(settings(ctx), _config(ctx))
-    if service.executor.name == "local" and service.cfg.diagnostics:
-        from actions.diagnostics import prewarm
-
-        # Start the stop-time tests' torch server now, not in the first recovery (seconds).
-        threading.Thread(target=prewarm, name="diagnostics-prewarm", daemon=True).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -189,31 +181,4 @@ def versions(ctx: click.Context, job: str) -> None:
     click.echo(f"current: {stack[-1] if stack else '-'}", err=True)
 
 
-@actions.command("diagnose")
-@click.option("--machines", required=True, help="Comma-separated local machine names (2 or more).")
-@click.option("--tests", default="alignment,connectivity", show_default=True)
-@click.option("--perturb", default="", help="Machines whose alignment arithmetic is made wrong.")
-@click.option("--corrupt", default="", help="Machines that corrupt all-gather payloads.")
-@click.option("--absent", default="", help="Machines that never join the collective.")
-@click.option("--timeout", "timeout_s", default=20.0, show_default=True)
-@friendly_errors
-def diagnose(machines: str, tests: str, perturb: str, corrupt: str, absent: str, timeout_s: float) -> None:
-    """Run the real stop-time tests on local subprocess machines; exit 1 if any machine fails."""
-    from actions.diagnostics import LocalFaults, run_local
-
-    def names(text: str) -> frozenset[str]:
-        return frozenset(x for x in text.split(",") if x)
-
-    ms = [m for m in machines.split(",") if m]
-    faults = LocalFaults(perturb=names(perturb), corrupt=names(corrupt), absent=names(absent))
-    results = run_local(ms, [t for t in tests.split(",") if t], faults, timeout_s)
-    for r in results:
-        click.echo(json.dumps(asdict(r)))
-    if not all(r.passed for r in results):
-        raise SystemExit(1)
-
-
 COMMANDS = [actions]
-
-if __name__ == "__main__":  # `python -m trainguard.commands.actions` until the CLI lists this module
-    actions()

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -19,7 +20,7 @@ import click
 from infra.bus import EventProducer
 from schemas.base import now_ms
 from schemas.codec import to_dict
-from schemas.config import load_yaml_file
+from schemas.config import deep_merge, load_yaml_file
 from schemas.control import Command, CommandKind
 from schemas.topics import COMMANDS as COMMAND_TOPIC
 from trainguard.context import friendly_errors, settings
@@ -73,56 +74,52 @@ def _overrides(
     return {**data, **sections}
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+def exporter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The exporter's command-line options, shared with commands that run it with another GPU
+    backend (a plugin's simulated GPUs)."""
+    options = [
+        click.option("--node", help="This machine's name (default: the hostname)."),
+        click.option("--job", help="The training job running here."),
+        click.option(
+            "--exporter-config", type=click.Path(dir_okay=False), help="YAML file of ExporterConfig settings."
+        ),
+        click.option("--root", help="Prefix of every system path read (PATH/proc, PATH/sys/class/net, ...)."),
+        click.option(
+            "--kernel-log", help="Kernel log to follow (a file or /dev/kmsg; default ROOT/dev/kmsg)."
+        ),
+        click.option("--state-dir", help="Spool and kernel-log position live here."),
+        click.option("--socket", "socket_path", help="Unix socket training reporters send to."),
+        click.option("--pid", "pids", type=int, multiple=True, help="A training process (repeatable)."),
+        click.option(
+            "--cgroup", help="cgroup (v2, relative to ROOT/sys/fs/cgroup) holding the training processes."
+        ),
+        click.option("--cmd-pattern", help="Regular expression matching training processes' command lines."),
+        click.option("--disable", multiple=True, help="Disable a source by name (repeatable)."),
+        click.option(
+            "--interval", "intervals", multiple=True, metavar="SOURCE=SECONDS", help="Override an interval."
+        ),
+        click.option("--expect-gpus", type=click.IntRange(0, 1024), help="GPUs this node should have."),
+        click.option("--once", is_flag=True, help="Run one round of every enabled source and exit."),
+        click.option(
+            "--print", "print_", is_flag=True, help="With --once: print events as JSON lines, no Kafka."
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
 
 
-@click.command("exporter")
-@click.option("--node", help="This machine's name (default: the hostname).")
-@click.option("--job", help="The training job running here.")
-@click.option(
-    "--exporter-config", type=click.Path(dir_okay=False), help="YAML file of ExporterConfig settings."
-)
-@click.option("--root", help="Prefix of every system path read (PATH/proc, PATH/sys/class/net, ...).")
-@click.option("--kernel-log", help="Kernel log to follow (a file or /dev/kmsg; default ROOT/dev/kmsg).")
-@click.option("--state-dir", help="Spool and kernel-log position live here.")
-@click.option("--socket", "socket_path", help="Unix socket training reporters send to.")
-@click.option("--pid", "pids", type=int, multiple=True, help="A training process (repeatable).")
-@click.option("--cgroup", help="cgroup (v2, relative to ROOT/sys/fs/cgroup) holding the training processes.")
-@click.option("--cmd-pattern", help="Regular expression matching training processes' command lines.")
-@click.option("--disable", multiple=True, help="Disable a source by name (repeatable).")
-@click.option(
-    "--interval", "intervals", multiple=True, metavar="SOURCE=SECONDS", help="Override an interval."
-)
-@click.option("--expect-gpus", type=click.IntRange(0, 1024), help="GPUs this node should have.")
-@click.option("--simulate-gpus", type=click.IntRange(1, 1024), help="Use N simulated GPUs instead of NVML.")
-@click.option("--once", is_flag=True, help="Run one round of every enabled source and exit.")
-@click.option("--print", "print_", is_flag=True, help="With --once: print events as JSON lines, no Kafka.")
-@click.pass_context
-@friendly_errors
-def exporter(
-    ctx: click.Context,
-    exporter_config: str | None,
-    simulate_gpus: int | None,
-    once: bool,
-    print_: bool,
-    **flags: Any,
+def run_exporter(
+    ctx: click.Context, exporter_config: str | None, flags: dict[str, Any], nvml: Any = None
 ) -> None:
-    """Run the node exporter: GPU, kernel log, NIC, host, process, reporter and heartbeat sources."""
+    """Run the exporter as the options in ``flags`` say (``nvml``: a GPU backend other than NVML)."""
     from streams.exporter.config import load_exporter_config
 
+    once, print_ = flags.pop("once"), flags.pop("print_")
     if print_ and not once:
         raise click.UsageError("--print needs --once")
     file_data = load_yaml_file(exporter_config) if exporter_config else {}
-    cfg = load_exporter_config(_deep_merge(file_data, _overrides(**flags)))
-    nvml = None
-    if simulate_gpus:
-        from streams.exporter.nvml_sim import SimulatedNvml
-
-        nvml = SimulatedNvml(simulate_gpus)
+    cfg = load_exporter_config(deep_merge(file_data, _overrides(**flags)))
     if print_:
         from streams.exporter.runner import Exporter
 
@@ -147,6 +144,15 @@ def exporter(
             )
         return
     service.run_forever()
+
+
+@click.command("exporter")
+@exporter_options
+@click.pass_context
+@friendly_errors
+def exporter(ctx: click.Context, exporter_config: str | None, **flags: Any) -> None:
+    """Run the node exporter: GPU, kernel log, NIC, host, process, reporter and heartbeat sources."""
+    run_exporter(ctx, exporter_config, flags)
 
 
 def _send_command(ctx: click.Context, cmd: Command) -> None:

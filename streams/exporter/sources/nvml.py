@@ -5,7 +5,7 @@ ECC counters (volatile/aggregate x corrected/uncorrected), retired-page and row-
 the PCIe replay counter and NVLink error counters.  A field the board does not support is None.
 "No library / no driver" and ``NVML_ERROR_GPU_IS_LOST`` are GPU *states* in the batch, never
 crashes.  ``nvml`` is any object with pynvml's function names (the module itself by default;
-:class:`streams.exporter.nvml_sim.SimulatedNvml` for tests, benches and simulated machines).
+the demo's simulated GPUs in tests, benches and simulated machines).
 An Xid event is published as a kernel-style ``NVRM: Xid`` log line so one rule table serves both.
 """
 

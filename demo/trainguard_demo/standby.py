@@ -1,21 +1,21 @@
 """A warm rank process (ByteRobust §6.2): imported and ready, waiting to be activated.
 
-``python -m trainguard.demo.standby --cluster-dir D --machine S --pool P --slot I`` imports torch
+``python -m trainguard_demo.standby --cluster-dir D --machine S --pool P --slot I`` imports torch
 and the whole trainer (the slow part of a cold start), announces itself in
 ``machines/S/standby/P/slot-I.json`` and polls ``machines/S/standby/P/activate.json``.  Slots
-of one pool are woken together: :func:`trainguard.demo.launcher.activate_standby` writes the job
+of one pool are woken together: :func:`trainguard_demo.launcher.activate_standby` writes the job
 spec there, and slot ``I`` becomes the machine's ``I``-th rank and runs
-:func:`~trainguard.demo.trainer.run_rank` in this process, resuming from the latest complete
+:func:`~trainguard_demo.trainer.run_rank` in this process, resuming from the latest complete
 checkpoint (from the backup peers when the machine's own disk has none).
 
 Pools serve two purposes: a *standby machine* (one that replaces an evicted machine) and the
 *warm restart* of a job's own machines -- after each restart the local executor starts a fresh
 pool on every machine of the job, so the next restart wakes processes instead of cold-starting
-them (:mod:`actions.executors.local`).  ``--warm-delay`` postpones the heavy imports so a pool
+them (:mod:`trainguard_demo.executor`).  ``--warm-delay`` postpones the heavy imports so a pool
 started right after a restart does not compete with the ranks that are resuming.
 
 Once activated, the process renames itself (``setproctitle``) to the command line the trainer
-would have had (``python -m trainguard.demo.trainer --job J --rank R --machine S ...``):
+would have had (``python -m trainguard_demo.trainer --job J --rank R --machine S ...``):
 node agents and operators find ranks by their command line, and a woken standby must look like
 the rank it has become, not like an idle spare.
 """
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.demo.config import ClusterPaths, JobSpec, write_atomic
+from trainguard_demo.config import ClusterPaths, JobSpec, write_atomic
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,12 @@ def become_rank(spec: JobSpec, rank: int) -> None:
         TRAINGUARD_JOB=spec.job, TRAINGUARD_NODE=spec.machine_of_rank(rank),
     )  # fmt: skip
     setproctitle.setproctitle(
-        " ".join([sys.executable, "-m", "trainguard.demo.trainer", *spec.to_argv(rank)])
+        " ".join([sys.executable, "-m", "trainguard_demo.trainer", *spec.to_argv(rank)])
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainguard.demo.standby", description="a warm standby rank")
+    p = argparse.ArgumentParser(prog="python -m trainguard_demo.standby", description="a warm standby rank")
     p.add_argument("--cluster-dir", required=True)
     p.add_argument("--machine", required=True)
     p.add_argument("--slot", type=int, required=True)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.warm_delay > 0:
         time.sleep(a.warm_delay)
-    from trainguard.demo.trainer import prewarm  # the heavy part: torch and the model code
+    from trainguard_demo.trainer import prewarm  # the heavy part: torch and the model code
 
     prewarm()
     return serve_slot(StandbyConfig(a.cluster_dir, a.machine, a.slot, a.pool, a.poll))
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve_slot(cfg: StandbyConfig) -> int:
     """Announce the slot, wait for activation, then run the rank in this process."""
-    from trainguard.demo.trainer import run_rank
+    from trainguard_demo.trainer import run_rank
 
     spec, rank = wait_for_activation(cfg)
     become_rank(spec, rank)

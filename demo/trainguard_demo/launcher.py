@@ -6,7 +6,7 @@
     with launch_job(spec) as h:      # 8 processes, one session (process group) each
         h.wait(timeout=120)          # {rank: exit code}; leaving the block stops them all
 
-Each rank runs ``python -m trainguard.demo.trainer <spec.to_argv(rank)>`` in its **own session**
+Each rank runs ``python -m trainguard_demo.trainer <spec.to_argv(rank)>`` in its **own session**
 (so a machine's ranks are killed together with their DataLoader workers, and nothing else), with
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``TRAINGUARD_JOB``/``TRAINGUARD_NODE`` in its environment
 and stdout/stderr appended to ``machines/<m>/logs/<job>/rank-R.out|.err``.  A machine replaced
@@ -14,7 +14,7 @@ by a standby: ``spec2 = spec.replace_machine("m2", "s0")``, ``launch_job(spec2,
 machines=[others])`` and :func:`activate_standby` ``(spec2, "s0")``, which wakes a pool of warm
 processes started by :func:`launch_standby` (see :mod:`.standby`).
 
-CLI (runs a whole job in the foreground; Ctrl-C stops it): ``python -m trainguard.demo.launcher
+CLI (runs a whole job in the foreground; Ctrl-C stops it): ``python -m trainguard_demo.launcher
 --cluster-dir D --job J --tp 2 --pp 2 --dp 2 --ranks-per-machine 2 --steps 100``.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from trainguard.demo.config import ClusterPaths, JobSpec, write_atomic
+from trainguard_demo.config import ClusterPaths, JobSpec, write_atomic
 
 
 @dataclass
@@ -127,7 +127,7 @@ def launch_job(
                     "TRAINGUARD_REPORTER_SOCKET": str(paths.machine(machine) / "reporter.sock"),
                 })  # fmt: skip
                 out, err = (paths.log(machine, spec.job, rank, s) for s in ("out", "err"))
-                argv = [python, "-m", "trainguard.demo.trainer", *spec.to_argv(rank)]
+                argv = [python, "-m", "trainguard_demo.trainer", *spec.to_argv(rank)]
                 handle.procs.append(RankProcess(machine, rank, _spawn(argv, out, err, env), out, err))
     except BaseException:
         stop_job(handle, grace_s=0)
@@ -152,7 +152,7 @@ def launch_standby(
         for slot in range(slots):
             logs = paths.machine(machine) / "logs" / "standby"
             out, err = (logs / f"{pool}-slot-{slot}.{s}" for s in ("out", "err"))
-            argv = [python, "-m", "trainguard.demo.standby", "--cluster-dir", str(cluster_dir),
+            argv = [python, "-m", "trainguard_demo.standby", "--cluster-dir", str(cluster_dir),
                     "--machine", machine, "--pool", pool, "--slot", str(slot),
                     "--warm-delay", repr(warm_delay_s)]  # fmt: skip
             env = _env(
@@ -174,7 +174,7 @@ def start_zygote(
     """Start ``machine``'s zygote (:mod:`.zygote`), which forks warm pools on request."""
     paths = ClusterPaths(Path(cluster_dir))
     logs = paths.machine(machine) / "logs"
-    argv = [python, "-m", "trainguard.demo.zygote", "--cluster-dir", str(cluster_dir), "--machine", machine]
+    argv = [python, "-m", "trainguard_demo.zygote", "--cluster-dir", str(cluster_dir), "--machine", machine]
     env = _env(
         {
             "TRAINGUARD_NODE": machine,
@@ -187,7 +187,7 @@ def start_zygote(
 
 def new_pool(cluster_dir: str | os.PathLike[str], machine: str, slots: int, warm_delay_s: float = 0.0) -> str:
     """A new warm pool on ``machine``: forked by its zygote if it has one, else started cold."""
-    from trainguard.demo.zygote import request_pool
+    from trainguard_demo.zygote import request_pool
 
     pool = request_pool(cluster_dir, machine, slots)
     if pool is None:
@@ -294,10 +294,10 @@ def _print_tail(stream: TextIO, handle: JobHandle) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainguard.demo.trainer import build_parser, spec_from_args
+    from trainguard_demo.trainer import build_parser, spec_from_args
 
     parser = build_parser()
-    parser.prog = "python -m trainguard.demo.launcher"
+    parser.prog = "python -m trainguard_demo.launcher"
     args = parser.parse_args(["--rank", "0", *(argv if argv is not None else sys.argv[1:])])
     spec, _ = spec_from_args(args)
     handle = launch_job(spec)

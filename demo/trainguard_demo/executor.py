@@ -1,13 +1,13 @@
 """The local executor: recovery steps on the demo "cluster" of real processes on this host.
 
 A machine is a directory ``<cluster_dir>/machines/<name>/`` (its disk: checkpoints, logs, fault
-hooks); its ranks are ``python -m trainguard.demo.trainer`` processes, each leading its own process
+hooks); its ranks are ``python -m trainguard_demo.trainer`` processes, each leading its own process
 group.  The demo writes the job's launch settings to ``<cluster_dir>/jobs/<job>.json``
-(:class:`trainguard.demo.config.JobSpec`); this executor applies the machine list of the JobSpec
+(:class:`trainguard_demo.config.JobSpec`); this executor applies the machine list of the JobSpec
 the action service hands it and (re)starts the ranks from the latest complete checkpoint.
 
 **Warm restarts.**  A restart wakes a pool of warm processes (torch already imported, see
-:mod:`trainguard.demo.standby`) on every machine that has one and cold-starts only the others;
+:mod:`trainguard_demo.standby`) on every machine that has one and cold-starts only the others;
 afterwards each machine of the job gets a fresh pool in the background (``warm_pools``), started
 ``warm_delay_s`` late so it does not slow the ranks that are resuming.  This is the local form of
 ByteRobust's in-place restart: the expensive environment set-up is paid before the failure, not
@@ -32,15 +32,24 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from actions.diagnostics import LocalFaults, run_local
 from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import DiagnosticResult, ExecutorEnv, StepContext, register_executor
+from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
 from schemas.control import JobSpec
 from schemas.topology import JobTopology
 from schemas.typecheck import rng
-from trainguard.demo.config import JobSpec as DemoSpec
-from trainguard.demo.launcher import pid_alive
-from trainguard.demo.zygote import zygote_pid
+from trainguard_demo import codever
+from trainguard_demo.config import JobSpec as DemoSpec
+from trainguard_demo.diagnostics import LOCAL_TESTS, LocalFaults, prewarm, run_local
+from trainguard_demo.launcher import (
+    activate_standby,
+    launch_job,
+    new_pool,
+    pid_alive,
+    ready_pools,
+    start_zygote,
+)
+from trainguard_demo.node import start_exporter
+from trainguard_demo.zygote import pending_requests, zygote_pid
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,8 @@ class LocalConfig:
     start_exporters: bool = True
     #: start a zygote on each standby machine it provisions (forks its warm pools).
     start_zygotes: bool = True
+    #: start the diagnostics test server (imports torch) when the service starts.
+    prewarm_diagnostics: bool = True
     #: warm pools kept per machine of the job (0: every restart cold-starts its processes).
     warm_pools: int = field(default=1, metadata=rng(0, 4))
     #: a new pool waits this long before importing torch (the restarted ranks go first).
@@ -103,6 +114,7 @@ def _flag(argv: list[str], name: str) -> str | None:
 
 class LocalExecutor:
     name = "local"
+    diagnostic_tests: tuple[str, ...] = LOCAL_TESTS
 
     def __init__(self, config: LocalConfig, env: ExecutorEnv) -> None:
         if not config.cluster_dir:
@@ -152,9 +164,9 @@ class LocalExecutor:
         pids = []
         for pid, argv in self._processes() if procs is None else procs:
             machine = _flag(argv, "--machine")
-            if "trainguard.demo.trainer" in argv:
+            if "trainguard_demo.trainer" in argv:
                 mine = _flag(argv, "--job") == job
-            elif "trainguard.demo.standby" in argv:  # woken, before it took the trainer's title
+            elif "trainguard_demo.standby" in argv:  # woken, before it took the trainer's title
                 mine = self._activated_for(machine, _flag(argv, "--pool")) == job
             else:
                 continue
@@ -174,7 +186,7 @@ class LocalExecutor:
         """Pool -> pids of ``machine``'s warm processes that are not activated (starting or ready)."""
         pools: dict[str, list[int]] = {}
         for pid, argv in self._processes() if procs is None else procs:
-            if "trainguard.demo.standby" in argv and _flag(argv, "--machine") == machine:
+            if "trainguard_demo.standby" in argv and _flag(argv, "--machine") == machine:
                 pool = str(_flag(argv, "--pool"))
                 if self._activated_for(machine, pool) is None:
                     pools.setdefault(pool, []).append(pid)
@@ -192,6 +204,11 @@ class LocalExecutor:
                 return
 
     # -- the Executor protocol ----------------------------------------------------------------
+    def prepare(self) -> None:
+        # Start the stop-time tests' torch server now, not in the first recovery (seconds).
+        if self.cfg.prewarm_diagnostics:
+            prewarm()
+
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         self._kill(self._ranks(spec.job))
 
@@ -207,9 +224,6 @@ class LocalExecutor:
             (d / "EVICTED").write_text(f"{spec.job} {ctx.decision_id}\n")
 
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
-        from trainguard.demo.launcher import new_pool, start_zygote
-        from trainguard.demo.node import start_exporter
-
         demo = self.demo_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
         state = self._load_state()
         names = []
@@ -236,8 +250,6 @@ class LocalExecutor:
             raise TemporaryError(f"standby machines {missing} have not started yet", delay=2.0)
 
     def restart(self, spec: JobSpec, ctx: StepContext) -> None:
-        from trainguard.demo.launcher import activate_standby, launch_job, ready_pools
-
         self._kill(self._ranks(spec.job))  # a restart always starts every rank fresh from the checkpoint
         state = self._load_state()
         gen = state.get(f"gen:{spec.job}", 0) + 1
@@ -260,9 +272,6 @@ class LocalExecutor:
     def _replenish(self, machines: list[str], slots: int) -> None:
         """Start a warm pool on each machine that has fewer than ``warm_pools`` spare ones (forked
         by the machine's zygote when it has one: ready in milliseconds, not tens of seconds)."""
-        from trainguard.demo.launcher import new_pool
-        from trainguard.demo.zygote import pending_requests
-
         procs = self._processes()
         for m in machines:
             for _ in range(
@@ -271,11 +280,9 @@ class LocalExecutor:
                 new_pool(self.cluster, m, slots, warm_delay_s=self.cfg.warm_delay_s)
 
     def hot_update(self, spec: JobSpec, version: str, ctx: StepContext) -> None:
-        from trainguard.demo import codever
-
         # Only the version switch: every plan restarts the job in its next step (a restart here
         # too would kill the ranks just woken and cold-start the next generation).  Running ranks
-        # pick the version up in place at their next step (trainguard.demo.codever).
+        # pick the version up in place at their next step (trainguard_demo.codever).
         if codever.current_version(self.cluster) != version:
             codever.set_version(self.cluster, version)
 
@@ -313,4 +320,4 @@ def _diag_faults(cluster: Path, machines: list[str]) -> LocalFaults:
     return LocalFaults(frozenset(perturb), frozenset(corrupt), frozenset(absent))
 
 
-register_executor("local", LocalConfig, lambda cfg, env: LocalExecutor(cfg, env))
+PLUGIN = ExecutorPlugin("local", LocalConfig, LocalExecutor)

@@ -16,7 +16,7 @@ ended: training is running again, not merely "the action service is done").
 The **baseline** runs at the same time, for real: a second job of the same shape on its own
 machines (``b0``..), with its own exporters so its steps reach ClickHouse the same way, no
 TrainGuard action (the action service only acts for the TrainGuard job), and
-:class:`~trainguard.demo.baseline.BaselineSupervisor` as its only recovery: a fixed no-progress
+:class:`~trainguard_demo.baseline.BaselineSupervisor` as its only recovery: a fixed no-progress
 timeout, then a cold requeue from the last periodic checkpoint.  Every fault is injected into
 both jobs at the same moment (same kind, same machine index), and both ETTRs are computed by
 the same query.  Both jobs share the two cores, so each runs at about half speed: the comparison
@@ -46,10 +46,10 @@ from infra.stack.manager import Stack
 from schemas.base import now_ms
 from schemas.control import JobSpec
 from schemas.topics import JOBS
-from trainguard.demo.config import JobSpec as DemoSpec
-from trainguard.demo.inject import inject
-from trainguard.demo.launcher import launch_job, new_pool, read_progress, standby_ready, start_zygote
-from trainguard.demo.node import exporter_argv
+from trainguard_demo.config import JobSpec as DemoSpec
+from trainguard_demo.inject import inject
+from trainguard_demo.launcher import launch_job, new_pool, read_progress, standby_ready, start_zygote
+from trainguard_demo.node import exporter_argv
 
 DEFAULT_SCENARIO: list[dict[str, Any]] = [
     {"fault": "xid", "machine": 0},
@@ -237,7 +237,7 @@ class Demo:
     def _start_baseline(self, spec: DemoSpec) -> None:
         with warnings.catch_warnings():  # torch.cuda's notice about pynvml, on a CPU-only demo
             warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
-            from trainguard.demo.baseline import BaselineConfig, BaselineSupervisor
+            from trainguard_demo.baseline import BaselineConfig, BaselineSupervisor
 
         machines = [f"b{i}" for i in range(self.cfg.machines)]
         bspec = replace(
@@ -396,7 +396,7 @@ class Demo:
             ok = self._wait_handled(item["fault"], at, step_before)
             injected.append({"fault": item["fault"], "machine": machine, "injected_at": at, "progressed": ok})
             if item["fault"] == "slow":
-                from trainguard.demo.faults import clear_faults
+                from trainguard_demo.faults import clear_faults
 
                 clear_faults(self.cluster, machine)  # a persistent slowdown ends with its eviction or here
                 if self.baseline is not None:

@@ -1,11 +1,12 @@
 """A demo machine's node agent: the command line of its exporter, started with the machine.
 
 Every machine of the demo cluster -- the job's, the initial standbys and the standbys the action
-service provisions later -- runs its own ``trainguard exporter`` reading that machine's kernel
-log and sysfs tree (:func:`trainguard.demo.inject.prepare_machine_root`), receiving its ranks'
-telemetry on ``machines/<m>/reporter.sock`` and dumping their stacks on request.  In production
-the exporter is a DaemonSet or a systemd unit that comes with the node; here whoever brings a
-machine up starts it, with this one command line, so no machine is ever invisible.
+service provisions later -- runs its own node exporter (``trainguard demo-exporter``: the
+product's exporter with simulated GPUs) reading that machine's kernel log and sysfs tree
+(:func:`trainguard_demo.inject.prepare_machine_root`), receiving its ranks' telemetry on
+``machines/<m>/reporter.sock`` and dumping their stacks on request.  In production the exporter
+is a DaemonSet or a systemd unit that comes with the node; here whoever brings a machine up
+starts it, with this one command line, so no machine is ever invisible.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainguard.demo.inject import kernel_log, prepare_machine_root
+from trainguard_demo.inject import kernel_log, prepare_machine_root
 
 
 def exporter_argv(cluster_dir: Path, machine: str, job: str, python: str = sys.executable) -> list[str]:
-    """``trainguard exporter ...`` for ``machine`` of ``job`` (prepares the machine's root)."""
+    """``trainguard demo-exporter ...`` for ``machine`` of ``job`` (prepares the machine's root)."""
     root = prepare_machine_root(cluster_dir, machine)
     mdir = cluster_dir / "machines" / machine
     # Ranks are found by command line: a trainer, or a warm process of this machine.
-    pattern = rf"trainguard\.demo\.(trainer|standby) .*--machine {machine}( |$)"
+    pattern = rf"trainguard_demo\.(trainer|standby) .*--machine {machine}( |$)"
     return [
-        str(Path(python).with_name("trainguard")), "exporter", "--node", machine, "--job", job,
+        str(Path(python).with_name("trainguard")), "demo-exporter", "--node", machine, "--job", job,
         "--root", str(root), "--kernel-log", str(kernel_log(cluster_dir, machine)),
         "--state-dir", str(mdir / "exporter"), "--socket", str(mdir / "reporter.sock"),
         "--cmd-pattern", pattern, "--simulate-gpus", "8", "--interval", "nic=5",

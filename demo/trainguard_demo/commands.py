@@ -1,15 +1,22 @@
-"""``trainguard demo``, ``trainguard inject`` and ``trainguard postmortem``."""
+"""The demo's commands, added to ``trainguard`` through the ``trainguard.commands`` entry point:
+
+* ``trainguard demo`` -- the end-to-end demo (a real PyTorch job on a local process cluster);
+* ``trainguard inject`` -- inject a fault into a machine of a running demo;
+* ``trainguard demo-exporter`` -- the node exporter of a demo machine (simulated GPUs);
+* ``trainguard demo-diagnose`` -- the real stop-time tests on local subprocess "machines".
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
 
-from infra.clickhouse.postmortem import ettr, incidents
-from infra.clickhouse.store import ClickHouseStore
+from trainguard.commands.exporter import exporter_options, run_exporter
 from trainguard.context import friendly_errors, settings
 
 
@@ -34,7 +41,7 @@ def demo(
     ctx: click.Context, scenario_file: str | None, summary_json: str | None, keep: bool, baseline: bool
 ) -> None:
     """Run a real PyTorch job on a local cluster through injected faults; print timeline and ETTR."""
-    from trainguard.demo.run import DEFAULT_SCENARIO, Demo, DemoConfig, print_timeline
+    from trainguard_demo.run import DEFAULT_SCENARIO, Demo, DemoConfig, print_timeline
 
     scenario = DEFAULT_SCENARIO
     if scenario_file:
@@ -78,7 +85,7 @@ def demo(
 @friendly_errors
 def inject(ctx: click.Context, job: str, machine: str, fault: str, xid: int, cluster_dir: str | None) -> None:
     """Inject a fault into a machine of the demo cluster."""
-    from trainguard.demo.inject import inject as do_inject
+    from trainguard_demo.inject import inject as do_inject
 
     if cluster_dir is None:
         runs = sorted((settings(ctx).stack.home_path / "demo").glob("*/cluster"))
@@ -91,46 +98,40 @@ def inject(ctx: click.Context, job: str, machine: str, fault: str, xid: int, clu
         raise click.BadParameter(str(exc), param_hint="--fault") from exc
 
 
-@click.command()
-@click.option("--job", default=None)
-@click.option("--incident", "decision_id", default=None, help="One incident (its decision id).")
-@click.option("--json", "as_json", is_flag=True)
+@click.command("demo-exporter")
+@exporter_options
+@click.option("--simulate-gpus", default=8, show_default=True, type=click.IntRange(1, 1024))
 @click.pass_context
 @friendly_errors
-def postmortem(ctx: click.Context, job: str | None, decision_id: str | None, as_json: bool) -> None:
-    """Incident timeline, detect/decide/recover times, MTTR per category, machines evicted, ETTR."""
-    store = ClickHouseStore(settings(ctx).clickhouse)
-    incs = incidents(store, job=job, decision_id=decision_id)
-    if as_json:
-        for i in incs:
-            click.echo(json.dumps(i.to_dict()))
-        return
-    by_cat: dict[str, list[float]] = {}
-    evicted: list[str] = []
-    for i in incs:
-        d = i.to_dict()
-        machines = ",".join(i.machines) or "-"
-        click.echo(
-            f"{i.decision_id[:12]}  {i.job:22} {i.action:9} {i.category:18} machines={machines}  "
-            f"detected {d['detected_s']}s  localised {d['localised_s']}s  decided {d['decided_s']}s  "
-            f"recovered {d['recovered_s']}s  {i.outcome}"
-        )
-        if d["recovered_s"] is not None:
-            by_cat.setdefault(i.category or i.action, []).append(d["recovered_s"])
-        if i.action == "evict":
-            evicted += i.machines
-    if by_cat:
-        click.echo(
-            "\nMTTR per category: "
-            + ", ".join(f"{c} {sum(v) / len(v):.1f}s (n={len(v)})" for c, v in sorted(by_cat.items()))
-        )
-    click.echo(f"Machines evicted: {', '.join(sorted(set(evicted))) or 'none'}")
-    if job:
-        e = ettr(store, job)
-        click.echo(
-            f"ETTR: {e.ettr:.1%} ({e.productive_s:.0f}s productive of {e.wall_s:.0f}s; "
-            f"{e.recomputed_steps} steps recomputed)"
-        )
+def demo_exporter(ctx: click.Context, exporter_config: str | None, simulate_gpus: int, **flags: Any) -> None:
+    """The node exporter of a demo machine: the product's exporter with N simulated GPUs."""
+    from trainguard_demo.nvml_sim import SimulatedNvml
+
+    run_exporter(ctx, exporter_config, flags, nvml=SimulatedNvml(simulate_gpus))
 
 
-COMMANDS = [demo, inject, postmortem]
+@click.command("demo-diagnose")
+@click.option("--machines", required=True, help="Comma-separated local machine names (2 or more).")
+@click.option("--tests", default="alignment,connectivity", show_default=True)
+@click.option("--perturb", default="", help="Machines whose alignment arithmetic is made wrong.")
+@click.option("--corrupt", default="", help="Machines that corrupt all-gather payloads.")
+@click.option("--absent", default="", help="Machines that never join the collective.")
+@click.option("--timeout", "timeout_s", default=20.0, show_default=True)
+@friendly_errors
+def diagnose(machines: str, tests: str, perturb: str, corrupt: str, absent: str, timeout_s: float) -> None:
+    """Run the real stop-time tests on local subprocess machines; exit 1 if any machine fails."""
+    from trainguard_demo.diagnostics import LocalFaults, run_local
+
+    def names(text: str) -> frozenset[str]:
+        return frozenset(x for x in text.split(",") if x)
+
+    ms = [m for m in machines.split(",") if m]
+    faults = LocalFaults(perturb=names(perturb), corrupt=names(corrupt), absent=names(absent))
+    results = run_local(ms, [t for t in tests.split(",") if t], faults, timeout_s)
+    for r in results:
+        click.echo(json.dumps(asdict(r)))
+    if not all(r.passed for r in results):
+        raise SystemExit(1)
+
+
+COMMANDS = [demo, inject, demo_exporter, diagnose]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainguard.demo.corpus import corpus_text, encode
-from trainguard.demo.faults import FaultPoller, hang_forever
+from trainguard_demo.corpus import corpus_text, encode
+from trainguard_demo.faults import FaultPoller, hang_forever
 
 
 class StepBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):

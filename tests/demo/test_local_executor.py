@@ -11,13 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from actions.executors.base import ExecutorEnv, StepContext
-from actions.executors.local import LocalConfig, LocalExecutor, _cmdline
-from schemas.control import JobSpec
-from tests.demo.helpers import make_spec, wait_until
-from trainguard.demo.config import JobSpec as DemoSpec
-from trainguard.demo.launcher import (
+from trainguard_demo.config import JobSpec as DemoSpec
+from trainguard_demo.executor import LocalConfig, LocalExecutor, _cmdline
+from trainguard_demo.launcher import (
     launch_job,
     launch_standby,
     new_pool,
@@ -26,7 +22,11 @@ from trainguard.demo.launcher import (
     start_zygote,
     stop_job,
 )
-from trainguard.demo.zygote import zygote_pid
+from trainguard_demo.zygote import zygote_pid
+
+from actions.executors.base import ExecutorEnv, StepContext
+from schemas.control import JobSpec
+from tests.demo.helpers import make_spec, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         wait_until(lambda: set(ex._ranks("t")) == warm, 30, "the woken pools found as the job's ranks")
         assert not cold & set(ex._ranks("t"))  # the old generation is gone
         # Woken processes take the trainer's command line (found by it from then on).
-        wait_until(lambda: all("trainguard.demo.trainer" in _cmdline(p) for p in warm), 30, "renamed ranks")
+        wait_until(lambda: all("trainguard_demo.trainer" in _cmdline(p) for p in warm), 30, "renamed ranks")
         for pid in warm:
             argv = _cmdline(pid)
             assert "--rank" in argv and "--job" in argv and "--machine" in argv

@@ -1,6 +1,6 @@
 """The job's code version: ``<cluster_dir>/code/current``, switched in place and rolled back.
 
-A version names a module under :mod:`trainguard.demo.versions` (``v2-buggy`` ->
+A version names a module under :mod:`trainguard_demo.versions` (``v2-buggy`` ->
 ``versions/v2_buggy.py``).  Ranks read the version at start and re-read it whenever the file
 changes (a lazy in-place hot update, ByteRobust §6.1), so writing ``v2-buggy`` makes every rank
 raise its ``TypeError`` within a step; :func:`rollback` restores the version before it, from
@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from trainguard.demo.config import ClusterPaths, write_atomic
+from trainguard_demo.config import ClusterPaths, write_atomic
 
 DEFAULT_VERSION = "v1"
 KNOWN_VERSIONS = ("v1", "v2-buggy", "v3")
@@ -69,7 +69,7 @@ def rollback(cluster_dir: str | os.PathLike[str]) -> str:
 def load(version: str) -> ModuleType:
     if version not in KNOWN_VERSIONS:
         raise ValueError(f"unknown code version {version!r}; known: {', '.join(KNOWN_VERSIONS)}")
-    return importlib.import_module(f"trainguard.demo.versions.{version.replace('-', '_')}")
+    return importlib.import_module(f"trainguard_demo.versions.{version.replace('-', '_')}")
 
 
 class CodeWatcher:

@@ -1,6 +1,6 @@
 """One rank of the demo job: rendezvous, groups, resume, the step loop, checkpoints, faults, telemetry.
 
-``python -m trainguard.demo.trainer --cluster-dir D --job J --rank R --tp 2 --pp 2 --dp 2
+``python -m trainguard_demo.trainer --cluster-dir D --job J --rank R --tp 2 --pp 2 --dp 2
 --ranks-per-machine 2 --machines m0,m1,m2,m3 --master-port 29600 --steps 100 [--resume]``
 (:meth:`JobSpec.to_argv` writes the full flag list; :mod:`.launcher` starts every rank).
 
@@ -30,21 +30,21 @@ import torch
 import torch.distributed as dist
 
 from streams.reporter import Reporter
-from trainguard.demo.checkpoint import CheckpointWriter, latest_complete, load_shard, snapshot
-from trainguard.demo.codever import CodeWatcher
-from trainguard.demo.config import JobSpec, ModelConfig, write_atomic
-from trainguard.demo.corpus import VOCAB
-from trainguard.demo.data import StepBatches, make_loader
-from trainguard.demo.faults import FaultPoller, hang_forever
-from trainguard.demo.model import GPTStage
-from trainguard.demo.parallel import (
+from trainguard_demo.checkpoint import CheckpointWriter, latest_complete, load_shard, snapshot
+from trainguard_demo.codever import CodeWatcher
+from trainguard_demo.config import JobSpec, ModelConfig, write_atomic
+from trainguard_demo.corpus import VOCAB
+from trainguard_demo.data import StepBatches, make_loader
+from trainguard_demo.faults import FaultPoller, hang_forever
+from trainguard_demo.model import GPTStage
+from trainguard_demo.parallel import (
     ParallelContext,
     allreduce_dp_grads,
     build_groups,
     global_grad_norm,
     init_distributed,
 )
-from trainguard.demo.schedule import pipeline_step
+from trainguard_demo.schedule import pipeline_step
 
 OOM_MESSAGE = (
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of "
@@ -230,7 +230,7 @@ def run_rank(spec: JobSpec, rank: int) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m trainguard.demo.trainer", description="one rank of the demo job"
+        prog="python -m trainguard_demo.trainer", description="one rank of the demo job"
     )
     p.add_argument("--cluster-dir", required=True)
     p.add_argument("--job", required=True)

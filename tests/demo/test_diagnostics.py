@@ -7,9 +7,15 @@ import signal
 import time
 
 import pytest
-
-from actions import diagnostics
-from actions.diagnostics import LocalFaults, alignment_digest, free_port, prewarm, ring_pairs, run_local
+from trainguard_demo.diagnostics import (
+    LocalFaults,
+    alignment_digest,
+    free_port,
+    prewarm,
+    ring_pairs,
+    run_local,
+)
+from trainguard_demo.diagnostics import server as diagnostics
 
 
 def test_alignment_digest_is_bitwise_reproducible_and_sensitive() -> None:
@@ -69,7 +75,7 @@ def test_repeated_runs_fork_fresh_processes_from_the_warm_server_and_agree_bit_f
         assert [(r.machine, r.passed) for r in results] == [("m0", True), ("m1", False), ("m2", True)]
     assert [r.detail for r in first] == [r.detail for r in second]
     # the digests are those of a step in this very process, and each test ran in its own process
-    answers = diagnostics._run_tests([("alignment", {"perturb": p}) for p in (False, False, True)], 20)
+    answers = diagnostics.run_tests([("alignment", {"perturb": p}) for p in (False, False, True)], 20)
     assert [a["digest"] for a in answers] == [alignment_digest()] * 2 + [alignment_digest(perturb=True)]
     pids = {a["pid"] for a in answers}
     assert len(pids) == 3 and not pids & {os.getpid(), server.proc.pid}
@@ -88,7 +94,7 @@ def test_a_killed_test_fails_and_a_stuck_one_is_killed_at_the_timeout() -> None:
     assert job.done.wait(30)
     assert job.answer() == {"ok": False, "detail": "exit -9 (SIGKILL) without an answer"}
 
-    (answer,) = diagnostics._run_tests([("connectivity", _stuck_connectivity())], timeout_s=1)
+    (answer,) = diagnostics.run_tests([("connectivity", _stuck_connectivity())], timeout_s=1)
     assert answer == {"ok": False, "detail": "no answer within 1 s"}
     assert not server.jobs and server.alive()  # the stuck child was killed and reaped
     assert all(r.passed for r in run_local(["a", "b"], ["connectivity"], timeout_s=20))

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainguard.demo.config import ModelConfig
-from trainguard.demo.parallel import ColumnParallelLinear, ParallelContext, RowParallelLinear
+from trainguard_demo.config import ModelConfig
+from trainguard_demo.parallel import ColumnParallelLinear, ParallelContext, RowParallelLinear
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 

@@ -4,7 +4,7 @@ Machine-level faults land where a real machine would show them, so the exporter 
 workers detect them the same way as in production: Xid and GPU-lost lines are appended to the
 machine's kernel log, a NIC going down or flapping is written into its sysfs tree.  Training
 faults (hangs, slow rank, NaN, crash, user error, OOM) go through the ranks' fault hooks
-(:mod:`trainguard.demo.faults`).
+(:mod:`trainguard_demo.faults`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from infra.config import Settings
-from trainguard.demo import faults
+from trainguard_demo import faults
 
 MACHINE_FAULTS = ("xid", "nic-down", "nic-flap", "gpu-lost")
 ALL_FAULTS = (*MACHINE_FAULTS, *faults.KINDS)
@@ -71,7 +71,7 @@ def push_buggy_code(settings: Settings, cluster_dir: Path, job: str, version: st
     from schemas.base import now_ms
     from schemas.control import stable_id
     from schemas.topics import DECISIONS
-    from trainguard.demo import codever
+    from trainguard_demo import codever
 
     previous = codever.current_version(cluster_dir)
     ts = now_ms()

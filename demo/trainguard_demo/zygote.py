@@ -1,12 +1,12 @@
 """A machine's zygote: imports torch and the trainer once, then forks warm pool processes on request.
 
-``python -m trainguard.demo.zygote --cluster-dir D --machine M`` pays the expensive part of a
-rank's start (``import torch``, the trainer, :func:`~trainguard.demo.trainer.prewarm`) once per
+``python -m trainguard_demo.zygote --cluster-dir D --machine M`` pays the expensive part of a
+rank's start (``import torch``, the trainer, :func:`~trainguard_demo.trainer.prewarm`) once per
 machine and then waits.  A request file ``machines/M/zygote/requests/<pool>.json``
 (``{"pool", "slots"}``, written by :func:`request_pool`) makes it ``fork()`` one process per slot;
 each child starts its own session (so killing it kills exactly it and its DataLoader worker),
-takes the command line of a warm process (``python -m trainguard.demo.standby --cluster-dir D
---machine M --pool P --slot I``) and behaves exactly like one (:func:`~trainguard.demo.standby.
+takes the command line of a warm process (``python -m trainguard_demo.standby --cluster-dir D
+--machine M --pool P --slot I``) and behaves exactly like one (:func:`~trainguard_demo.standby.
 serve_slot`).  A new pool is ready in milliseconds instead of the tens of seconds a fresh
 interpreter needs on a busy 2-core host -- which is what decides whether the *next* restart is warm.
 
@@ -27,7 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-from trainguard.demo.config import ClusterPaths, write_atomic
+from trainguard_demo.config import ClusterPaths, write_atomic
 
 
 def _dir(cluster_dir: str | os.PathLike[str], machine: str) -> Path:
@@ -41,7 +41,7 @@ def zygote_pid(cluster_dir: str | os.PathLike[str], machine: str) -> int | None:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError, KeyError):
         return None
-    return pid if b"trainguard.demo.zygote" in argv else None
+    return pid if b"trainguard_demo.zygote" in argv else None
 
 
 def request_pool(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -> str | None:
@@ -81,10 +81,10 @@ def _fork_slot(cluster_dir: str, machine: str, pool: str, slot: int) -> int:
             os.close(out)
         import setproctitle
 
-        from trainguard.demo.standby import StandbyConfig, serve_slot
+        from trainguard_demo.standby import StandbyConfig, serve_slot
 
         setproctitle.setproctitle(
-            f"{sys.executable} -m trainguard.demo.standby --cluster-dir {cluster_dir} "
+            f"{sys.executable} -m trainguard_demo.standby --cluster-dir {cluster_dir} "
             f"--machine {machine} --pool {pool} --slot {slot}"
         )
         code = serve_slot(StandbyConfig(cluster_dir, machine, slot, pool))
@@ -106,7 +106,7 @@ def serve(cluster_dir: str, machine: str, poll_s: float = 0.05) -> None:
     d = _dir(cluster_dir, machine)
     (d / "requests").mkdir(parents=True, exist_ok=True)
     write_atomic(d / "pid.json", json.dumps({"pid": os.getpid(), "status": "starting"}))
-    from trainguard.demo.trainer import prewarm
+    from trainguard_demo.trainer import prewarm
 
     prewarm()
     write_atomic(d / "pid.json", json.dumps({"pid": os.getpid(), "status": "ready", "ts": time.time()}))
@@ -130,7 +130,7 @@ def serve(cluster_dir: str, machine: str, poll_s: float = 0.05) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainguard.demo.zygote", description="a machine's zygote")
+    p = argparse.ArgumentParser(prog="python -m trainguard_demo.zygote", description="a machine's zygote")
     p.add_argument("--cluster-dir", required=True)
     p.add_argument("--machine", required=True)
     a = p.parse_args(argv)

@@ -12,7 +12,7 @@ when it changes (one ``stat`` per step) and reports which faults are active at a
 ``crash``           the rank raises ``RuntimeError`` (exit 1), or dies by ``signal`` if given
 ``oom``             the rank raises ``torch.OutOfMemoryError: CUDA out of memory ...``
 ``user-error``      not per machine: switches the job's code to ``v2-buggy`` (a ``TypeError`` in
-                    the MLP on every rank); :func:`trainguard.demo.codever.rollback` undoes it
+                    the MLP on every rank); :func:`trainguard_demo.codever.rollback` undoes it
 ==================  ===========================================================================
 
 A fault fires from ``at_step`` on (0: the next step) on one rank of the machine
@@ -21,7 +21,7 @@ A fault fires from ``at_step`` on (0: the next step) on one rank of the machine
 process ignores fired faults -- a reattempt on the same machine then succeeds (a transient fault),
 while a persistent one hits again (a broken machine that must be evicted).
 
-CLI: ``python -m trainguard.demo.faults --cluster-dir D --machine M --fault KIND [--job J]
+CLI: ``python -m trainguard_demo.faults --cluster-dir D --machine M --fault KIND [--job J]
 [--at-step S] [--local-rank R|all] [--factor K] [--signal SIGSEGV] [--persistent]``, or
 ``--clear``.
 """
@@ -37,8 +37,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainguard.demo import codever
-from trainguard.demo.config import ClusterPaths, write_atomic
+from trainguard_demo import codever
+from trainguard_demo.config import ClusterPaths, write_atomic
 
 KINDS = ("hang", "hang-dataloader", "hang-checkpoint", "slow", "nan", "crash", "oom", "user-error")
 
@@ -151,7 +151,7 @@ def hang_forever(where: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainguard.demo.faults", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainguard_demo.faults", description=__doc__.split("\n")[0])
     p.add_argument("--cluster-dir", required=True)
     p.add_argument("--machine", required=True)
     p.add_argument("--fault", choices=KINDS)

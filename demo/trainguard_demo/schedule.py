@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainguard.demo.model import GPTStage
-from trainguard.demo.parallel import ParallelContext, recv, send
+from trainguard_demo.model import GPTStage
+from trainguard_demo.parallel import ParallelContext, recv, send
 
 
 def pipeline_step(

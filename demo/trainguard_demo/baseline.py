@@ -5,7 +5,7 @@ The demo runs the same fault scenario on a second job under this policy and comp
 same way as TrainGuard's (from the step telemetry in ClickHouse), so the two numbers compare a
 policy, not a measurement.  :class:`BaselineSupervisor` runs in a background thread:
 
-1. **launch** the job cold (:func:`~trainguard.demo.launcher.launch_job`) with periodic
+1. **launch** the job cold (:func:`~trainguard_demo.launcher.launch_job`) with periodic
    checkpoints (``checkpoint_every``, default 50 steps, instead of TrainGuard's every step) and
    ``nan_check`` (Megatron's ``check_for_nan_in_loss_and_grad``: a NaN loss raises, so it ends in
    a crash a timeout can see, instead of training on silently);
@@ -21,7 +21,7 @@ policy, not a measurement.  :class:`BaselineSupervisor` runs in a background thr
 4. **user-code errors**: there is no automatic rollback, but operators eventually revert a
    crash-looping push: after ``rollback_after_failures`` consecutive launches that made no step
    beyond their resume step, the cluster's code version is rolled back
-   (:func:`trainguard.demo.codever.rollback`) before the next relaunch.
+   (:func:`trainguard_demo.codever.rollback`) before the next relaunch.
 
 Every incident is recorded (:meth:`BaselineSupervisor.incidents`): ``stalled_since`` (the last
 observed progress; the launch, if that launch never got past its resume step), ``detected_at``
@@ -71,11 +71,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainguard.demo import codever
-from trainguard.demo.checkpoint import latest_complete
-from trainguard.demo.config import JobSpec
-from trainguard.demo.faults import clear_faults
-from trainguard.demo.launcher import JobHandle, launch_job, read_progress, stop_job
+from trainguard_demo import codever
+from trainguard_demo.checkpoint import latest_complete
+from trainguard_demo.config import JobSpec
+from trainguard_demo.faults import clear_faults
+from trainguard_demo.launcher import JobHandle, launch_job, read_progress, stop_job
 
 log = logging.getLogger(__name__)
 

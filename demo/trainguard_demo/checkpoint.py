@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from detectors.planning import PlanningError, machine_backup_peers
-from trainguard.demo.config import JobSpec, write_atomic
-from trainguard.demo.faults import hang_forever
+from trainguard_demo.config import JobSpec, write_atomic
+from trainguard_demo.faults import hang_forever
 
 
 @dataclass(frozen=True)

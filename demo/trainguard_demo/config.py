@@ -143,7 +143,7 @@ class JobSpec:
         return cls(**raw)
 
     def to_argv(self, rank: int) -> list[str]:
-        """Command-line flags of ``python -m trainguard.demo.trainer`` for ``rank``."""
+        """Command-line flags of ``python -m trainguard_demo.trainer`` for ``rank``."""
         m = self.model
         argv = [
             "--cluster-dir", self.cluster_dir, "--job", self.job, "--rank", str(rank),
