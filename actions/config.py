@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)
@@ -19,12 +19,12 @@ class StepPolicy:
     """Retries, backoff and timeout of one recovery step (kopf-style handler settings)."""
 
     #: attempts after the first one for TemporaryError (or an unexpected exception).
-    retries: int = field(default=3, metadata=rng(0, 100))
+    retries: int = field(default=3, metadata=bounds(0, 100))
     #: first wait between attempts; doubles each time up to ``backoff_max_s``.
-    backoff_s: float = field(default=1.0, metadata=rng(0, 3600))
-    backoff_max_s: float = field(default=30.0, metadata=rng(0, 86_400))
+    backoff_s: float = field(default=1.0, metadata=bounds(0, 3600))
+    backoff_max_s: float = field(default=30.0, metadata=bounds(0, 86_400))
     #: each executor call gets this deadline; executors must honour it (threads cannot be killed).
-    timeout_s: float = field(default=600.0, metadata=rng(0.1, 86_400))
+    timeout_s: float = field(default=600.0, metadata=bounds(0.1, 86_400))
 
 
 @dataclass(frozen=True)
@@ -42,39 +42,39 @@ class ActionsConfig:
     #: the executor's settings, validated by the executor's registered config class.
     executor_options: dict[str, Any] = field(default_factory=dict)
     #: how long to wait for a job's JobSpec to show up on the jobs topic before failing.
-    spec_wait_s: float = field(default=30.0, metadata=rng(0, 3600))
+    spec_wait_s: float = field(default=30.0, metadata=bounds(0, 3600))
     #: main loop poll interval (also how often held/forced-update checks run).
-    poll_interval_s: float = field(default=0.5, metadata=rng(0.01, 60))
+    poll_interval_s: float = field(default=0.5, metadata=bounds(0.01, 60))
 
     # --- safety ------------------------------------------------------------------------------
     #: blast-radius guard: machines one job may lose per rolling hour; more waits for an operator.
-    max_evictions_per_job_hour: int = field(default=8, metadata=rng(0, 1_000_000))
+    max_evictions_per_job_hour: int = field(default=8, metadata=bounds(0, 1_000_000))
     #: the same across every job this service manages.
-    max_evictions_per_hour: int = field(default=32, metadata=rng(0, 1_000_000))
+    max_evictions_per_hour: int = field(default=32, metadata=bounds(0, 1_000_000))
     #: restart budget: restarts of one job within ``restart_window_s``; more is a live-lock.
-    max_restarts: int = field(default=6, metadata=rng(0, 1_000_000))
-    restart_window_s: float = field(default=3600.0, metadata=rng(1, 30 * 86_400))
+    max_restarts: int = field(default=6, metadata=bounds(0, 1_000_000))
+    restart_window_s: float = field(default=3600.0, metadata=bounds(1, 30 * 86_400))
 
     # --- escalation (ByteRobust §4.2: diagnose -> reattempt -> rollback -> dual-phase replay) --
     #: a crash within this long after a finished recovery counts as "it fails again".
-    escalation_window_s: float = field(default=1800.0, metadata=rng(0, 30 * 86_400))
+    escalation_window_s: float = field(default=1800.0, metadata=bounds(0, 30 * 86_400))
     #: stop-time tests run for a crash or NaN without a culprit; None: every test the executor
     #: declares (``Executor.diagnostic_tests``), ``[]``: none.  A test the executor cannot run is
     #: a configuration error when the service starts.
     diagnostics: list[str] | None = None
     #: dual-phase replay group factor k (m = k * PP, n = DP / k, m <= n).
-    replay_k: int = field(default=1, metadata=rng(1, 1 << 16))
+    replay_k: int = field(default=1, metadata=bounds(1, 1 << 16))
 
     # --- warm standbys (§6.2) -----------------------------------------------------------------
     #: per-machine daily failure probability for the binomial P99 pool size.
-    standby_p_daily: float = field(default=1.2e-3, metadata=rng(0, 1))
-    standby_quantile: float = field(default=0.99, metadata=rng(0.5, 0.999999))
+    standby_p_daily: float = field(default=1.2e-3, metadata=bounds(0, 1))
+    standby_quantile: float = field(default=0.99, metadata=bounds(0.5, 0.999999))
     #: pool size floor over the binomial rule (which gives 0 or 1 for small jobs).
-    min_standbys: int = field(default=0, metadata=rng(0, 10_000))
+    min_standbys: int = field(default=0, metadata=bounds(0, 10_000))
 
     # --- code updates (§6.1) --------------------------------------------------------------------
     #: a non-urgent update waits for the next recovery, but at most this long.
-    lazy_update_max_wait_s: float = field(default=24 * 3600.0, metadata=rng(0, 365 * 86_400))
+    lazy_update_max_wait_s: float = field(default=24 * 3600.0, metadata=bounds(0, 365 * 86_400))
 
     # --- per-step retries/backoff/timeouts ------------------------------------------------------
     step: StepPolicy = field(default_factory=StepPolicy)

@@ -24,11 +24,3 @@ class TemporaryError(ActionError):
 
 class PermanentError(ActionError):
     pass
-
-
-class HeldError(ActionError):
-    """A safety limit stops the recovery until an operator releases it (not a failure)."""
-
-    def __init__(self, message: str, step: str) -> None:
-        super().__init__(message)
-        self.step = step

@@ -298,13 +298,3 @@ def _replay_plan(ctx: PlanContext, head: list[Step], results: Mapping[str, Any])
     return Plan(
         tuple(steps + tail), "replay", next_level=Escalation.OPERATOR, detail={**detail, "faulty": faulty}
     )
-
-
-def state_path(plan: Plan) -> list[RecoveryState]:
-    """The states the plan walks through, for checking it against the transition table."""
-    out: list[RecoveryState] = []
-    for step in plan.steps:
-        st = STATE_OF[step.kind]
-        if not out or out[-1] is not st:
-            out.append(st)
-    return out

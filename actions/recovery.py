@@ -25,13 +25,13 @@ from actions.plans import STATE_OF, CodeUpdate, Plan, PlanContext, Step, StepKin
 from actions.progress import ProgressStore, Recovery
 from actions.standby import machine_names, pool_target, refilled, swapped
 from actions.state import RecoveryState
+from infra.backoff import Backoff
 from schemas.base import now_ms
 from schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
 from schemas.enums import Action
 from schemas.typecheck import from_mapping, to_plain
 
 log = logging.getLogger(__name__)
-S = RecoveryState
 
 
 class Publisher(Protocol):
@@ -102,11 +102,11 @@ class RecoveryRunner:
         rec = self.store.get(decision_id)
         if rec is None:
             raise KeyError(f"no recovery {decision_id}")
-        if rec.state.terminal or rec.state is S.HELD:
+        if rec.state.terminal or rec.state is RecoveryState.HELD:
             return rec
         if rec.context is None:
             rec = self._start(rec)
-            if rec.state.terminal or rec.state is S.HELD:
+            if rec.state.terminal or rec.state is RecoveryState.HELD:
                 return rec
         self._announce_done_steps(rec)
         while not self.stop.is_set():
@@ -121,7 +121,7 @@ class RecoveryRunner:
                     return self._fail(rec, f"plan {plan.path} is incomplete after all its steps")
                 return self._finish(rec, plan)
             state = STATE_OF[step.kind]
-            if state is not rec.state and state is not S.PENDING:
+            if state is not rec.state and state is not RecoveryState.PENDING:
                 rec = self.store.transition(decision_id, state)
             if step.kind is StepKind.EVICT and StepKind.EVICT.value not in rec.released:
                 reason = guard.eviction_hold(self.cfg, self.store, rec.job, list(step.machines), self.clock())
@@ -148,19 +148,19 @@ class RecoveryRunner:
             # a "hang" localised from stacks while the job was stopped for that recovery is the
             # recovery's own pause (explicit machine faults, Xid and the like, still evict).
             return self._end(
-                rec, S.SUPERSEDED, f"arrived while recovery {merged_into} of the job was running"
+                rec, RecoveryState.SUPERSEDED, f"arrived while recovery {merged_into} of the job was running"
             )
         update = code_update_of(d)
         if update is not None and update.previous:
             self.store.record_baseline(rec.job, update.previous, d.decision_id, now)
         spec = self._wait_for_spec(rec.job)
         if spec is None:
-            return self._end(rec, S.FAILED, f"no JobSpec for job {rec.job} on the jobs topic")
+            return self._end(rec, RecoveryState.FAILED, f"no JobSpec for job {rec.job} on the jobs topic")
         ctx = self._context(rec, spec, update)
         context = {"plan": ctx.to_json(), "spec": to_plain(spec)}
         plan = build_plan(d, ctx, {})
         if plan.path in ("ignored", "superseded"):
-            state = S.IGNORED if plan.path == "ignored" else S.SUPERSEDED
+            state = RecoveryState.IGNORED if plan.path == "ignored" else RecoveryState.SUPERSEDED
             return self._end(rec, state, str(plan.detail.get("why", "")), context=context, path=plan.path)
         rec = self.store.transition(
             rec.decision_id, rec.state, context=context, started_ms=now, path=plan.path
@@ -186,7 +186,7 @@ class RecoveryRunner:
             stale = event_ms is not None and other.started_ms - _STALE_GRACE_MS <= event_ms <= finished
             if rollback and other.path != "rollback":
                 continue
-            if (during or stale) and other.state is S.SUCCEEDED and other.path != "queue_update":
+            if (during or stale) and other.state is RecoveryState.SUCCEEDED and other.path != "queue_update":
                 return other.decision_id
         return None
 
@@ -227,7 +227,7 @@ class RecoveryRunner:
     def _end(self, rec: Recovery, state: RecoveryState, detail: str, **fields: Any) -> Recovery:
         now = self.clock()
         rec = self.store.transition(rec.decision_id, state, finished_ms=now, detail=detail, **fields)
-        phase = ActionPhase.FAILED if state is S.FAILED else ActionPhase.SUCCEEDED
+        phase = ActionPhase.FAILED if state is RecoveryState.FAILED else ActionPhase.SUCCEEDED
         self._emit(rec, "recovery", phase, detail=f"{state.value}: {detail}")
         return rec
 
@@ -235,7 +235,7 @@ class RecoveryRunner:
         now = self.clock()
         rec = self.store.transition(
             rec.decision_id,
-            S.SUCCEEDED,
+            RecoveryState.SUCCEEDED,
             finished_ms=now,
             path=plan.path,
             next_level=plan.next_level,
@@ -248,11 +248,11 @@ class RecoveryRunner:
 
     def _fail(self, rec: Recovery, error: str) -> Recovery:
         log.error("recovery %s of job %s failed: %s", rec.decision_id, rec.job, error)
-        return self._end(rec, S.FAILED, error)
+        return self._end(rec, RecoveryState.FAILED, error)
 
     def _hold(self, rec: Recovery, reason: str, step: str) -> Recovery:
         log.warning("recovery %s of job %s held for an operator: %s", rec.decision_id, rec.job, reason)
-        rec = self.store.transition(rec.decision_id, S.HELD, held_reason=reason, held_step=step)
+        rec = self.store.transition(rec.decision_id, RecoveryState.HELD, held_reason=reason, held_step=step)
         self._emit(rec, step if step != "plan" else "recovery", ActionPhase.HELD, detail=reason)
         return rec
 
@@ -275,7 +275,8 @@ class RecoveryRunner:
         """Run one step with retries/backoff; "" on success, else the error."""
         policy = self.cfg.policy(step.kind.value)
         spec = self._spec_now(rec, results)
-        tries, backoff = 0, policy.backoff_s
+        backoff = Backoff(initial_s=policy.backoff_s, max_s=policy.backoff_max_s)
+        tries = 0
         while True:
             tries += 1
             attempt = self.store.step_started(rec.decision_id, step.key, self.clock())
@@ -285,6 +286,7 @@ class RecoveryRunner:
             )
             ctx = StepContext(rec.decision_id, step.key, attempt, time.monotonic() + policy.timeout_s)
             t0 = time.monotonic()
+            delay: float | None = None
             try:
                 result, side = self._execute(rec, step, spec, ctx)
             except PermanentError as exc:
@@ -294,7 +296,10 @@ class RecoveryRunner:
                 error = f"{type(exc).__name__}: {exc}"
                 retry = tries <= policy.retries and not self.stop.is_set()
                 if isinstance(exc, TemporaryError) and exc.delay is not None:
-                    backoff = exc.delay
+                    # The executor knows when to come back; later waits double from there.
+                    delay = exc.delay
+                    backoff = Backoff(initial_s=delay, max_s=policy.backoff_max_s)
+                    backoff.next_delay()
             else:
                 took = (time.monotonic() - t0) * 1000
                 self.store.step_done(rec.decision_id, step.key, result, self.clock(), job=rec.job, **side)
@@ -314,15 +319,15 @@ class RecoveryRunner:
                 self.store.step_done(rec.decision_id, step.key, {"failed": error}, self.clock(), job=rec.job)
                 self._emit(rec, step.key, ActionPhase.FAILED, attempt=attempt, duration_ms=took, detail=error)
                 return ""
-            suffix = f"; retrying in {backoff:g} s" if retry else ""
+            wait = backoff.next_delay() if delay is None else delay
+            suffix = f"; retrying in {wait:g} s" if retry else ""
             self._emit(
                 rec, step.key, ActionPhase.FAILED, attempt=attempt, duration_ms=took, detail=error + suffix
             )
             if not retry:
                 self.store.step_failed(rec.decision_id, step.key, error, self.clock())
                 return error
-            self.stop.wait(backoff)
-            backoff = min(max(backoff * 2, 0.01), policy.backoff_max_s)
+            self.stop.wait(wait)
 
     def _execute(
         self, rec: Recovery, step: Step, spec: JobSpec, ctx: StepContext

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from trainguard_demo.config import JobSpec
+from trainguard_demo.config import LaunchSpec
 from trainguard_demo.launcher import (
     activate_standby,
     launch_job,
@@ -33,7 +33,7 @@ from trainguard_demo.launcher import (
 from trainguard_demo.zygote import zygote_pid
 
 
-def _first_step_after(spec: JobSpec, t0: float, timeout_s: float = 300) -> float:
+def _first_step_after(spec: LaunchSpec, t0: float, timeout_s: float = 300) -> float:
     """Seconds from ``t0`` until every rank of ``spec`` reported a step after ``t0``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -61,7 +61,7 @@ def main() -> None:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="warm-restart-"))
     machines = [f"m{i}" for i in range(4)]
-    spec = JobSpec(job="bench", cluster_dir=str(tmp), tp=2, pp=2, dp=2, ranks_per_machine=2,
+    spec = LaunchSpec(job="bench", cluster_dir=str(tmp), tp=2, pp=2, dp=2, ranks_per_machine=2,
                    machines=machines, steps=1_000_000, master_port=a.port, pg_timeout_s=60)  # fmt: skip
     zygotes = [start_zygote(tmp, m) for m in machines]
     try:

@@ -21,7 +21,7 @@ from detectors.stacks.model import normalize_filename
 from schemas.control import Command, CommandKind, Decision, Detection, stable_id
 from schemas.enums import Action, ProcessRole, Severity, Verdict
 from schemas.topology import JobTopology
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 from schemas.workload import StackDump
 
 #: detection categories that are fail-slow suspicions: several rounds of dumps, not one.
@@ -33,12 +33,12 @@ class AggregationConfig:
     """ByteRobust §5: stack capture on hang / fail-slow suspicion."""
 
     #: give up waiting for missing ranks' dumps after this long; missing ranks are evidence.
-    deadline_s: float = field(default=20.0, metadata=rng(0.5, 3600))
+    deadline_s: float = field(default=20.0, metadata=bounds(0.5, 3600))
     #: fail-slow: rounds of dumps and the interval between them (paper: 5 rounds, 10 s).
-    fail_slow_rounds: int = field(default=5, metadata=rng(1, 100))
-    fail_slow_interval_s: float = field(default=10.0, metadata=rng(0.1, 600))
+    fail_slow_rounds: int = field(default=5, metadata=bounds(1, 100))
+    fail_slow_interval_s: float = field(default=10.0, metadata=bounds(0.1, 600))
     #: a new capture for the same job waits at least this long after the previous one.
-    cooldown_s: float = field(default=60.0, metadata=rng(0, 86_400))
+    cooldown_s: float = field(default=60.0, metadata=bounds(0, 86_400))
 
 
 def process_dump(d: StackDump) -> ProcessDump:

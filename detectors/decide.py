@@ -36,7 +36,7 @@ from typing import Any
 from schemas.control import Decision, Detection, Targets, decision_id
 from schemas.enums import Action
 from schemas.topology import JobTopology
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 #: actions that never become decisions.
 _RECORD_ONLY = (Action.NONE, Action.IGNORE)
@@ -47,9 +47,9 @@ class DecideConfig:
     """Settings of :class:`DecisionPolicy`."""
 
     #: repeats of the same (job, action, targets) within this window decide nothing new.
-    dedup_window_s: float = field(default=300.0, metadata=rng(0, 86_400))
+    dedup_window_s: float = field(default=300.0, metadata=bounds(0, 86_400))
     #: memory bound on remembered decisions (oldest forgotten first).
-    max_remembered: int = field(default=100_000, metadata=rng(1, 10_000_000))
+    max_remembered: int = field(default=100_000, metadata=bounds(1, 10_000_000))
 
 
 class DecisionPolicy:
@@ -140,8 +140,3 @@ class DecisionPolicy:
         self._last.move_to_end(key)
         while len(self._last) > self.config.max_remembered:
             self._last.popitem(last=False)
-
-    def set_window(self, dedup_window_s: float) -> None:
-        from dataclasses import replace
-
-        self.config = replace(self.config, dedup_window_s=dedup_window_s)

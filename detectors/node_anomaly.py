@@ -9,8 +9,8 @@ anomaly is not learned, so the detector is protected from learning its own anoma
 
 from __future__ import annotations
 
-from detectors.base import AnomalyDetector
 from detectors.detections import detection_from_finding
+from detectors.filters import ThresholdFilter
 from detectors.findings import Finding
 from detectors.registry import build
 from schemas.control import Detection
@@ -39,10 +39,11 @@ def gpu_features(e: GpuSampleBatch) -> dict[str, float]:
 
 
 class NodeAnomalyScorer:
-    """One streaming detector per node; ``detector`` and ``threshold`` may change between calls."""
+    """One streaming detector per node behind a :class:`~detectors.filters.ThresholdFilter`;
+    ``detector`` and ``threshold`` may change between calls."""
 
     def __init__(self) -> None:
-        self.detectors: dict[str, AnomalyDetector] = {}
+        self.filters: dict[str, ThresholdFilter] = {}
 
     def observe(self, e: GpuSampleBatch, detector: str, threshold: float, now_ms: int) -> Detection | None:
         if not detector:
@@ -50,12 +51,13 @@ class NodeAnomalyScorer:
         x = gpu_features(e)
         if not x:
             return None
-        det = self.detectors.get(e.node)
-        if det is None:
-            det = self.detectors[e.node] = build(detector, {})
-        score = det.score_one(x)
-        if score < threshold:
-            det.learn_one(x)  # anomalies never enter the baseline
+        f = self.filters.get(e.node)
+        if f is None:
+            f = self.filters[e.node] = ThresholdFilter(build(detector, {}), threshold=threshold)
+        elif f.params.threshold != threshold:  # a new threshold keeps what the detector learned
+            f = self.filters[e.node] = ThresholdFilter(f.detector, threshold=threshold)
+        score, flagged = f.process_one(x)  # anomalies never enter the baseline
+        if not flagged:
             return None
         finding = Finding(
             kind="metric_anomaly",

@@ -26,7 +26,7 @@ from schemas.base import Event
 from schemas.control import Detection
 from schemas.enums import Action, Severity
 from schemas.telemetry import GpuSampleBatch, HostSample, NicSampleBatch
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 from schemas.workload import LogLine
 
 
@@ -34,9 +34,9 @@ from schemas.workload import LogLine
 class HostThresholds:
     """Host inspection thresholds (ByteRobust: CPU overload, disk full are explicit failures)."""
 
-    cpu_overload_pct: float = field(default=98.0, metadata=rng(1, 100))
-    disk_full_pct: float = field(default=97.0, metadata=rng(1, 100))
-    mem_available_min_pct: float = field(default=2.0, metadata=rng(0, 100))
+    cpu_overload_pct: float = field(default=98.0, metadata=bounds(1, 100))
+    disk_full_pct: float = field(default=97.0, metadata=bounds(1, 100))
+    mem_available_min_pct: float = field(default=2.0, metadata=bounds(0, 100))
     #: what sustained CPU overload recommends; "ignore" records it only (shared or simulated hosts).
     cpu_overload_action: Action = Action.DIAGNOSE
 

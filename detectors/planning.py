@@ -82,12 +82,6 @@ class ReplayPlan:
     horizontal: tuple[tuple[int, ...], ...]
     vertical: tuple[tuple[int, ...], ...]
 
-    def horizontal_of(self, machine: int) -> int:
-        return machine // self.m
-
-    def vertical_of(self, machine: int) -> int:
-        return machine % self.n
-
 
 def valid_replay_ks(pp: int, dp: int) -> list[int]:
     """The ``k`` values with ``k | DP`` and ``k * PP <= DP / k`` (unique localisation).

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.enums import Action, Severity
-from schemas.typecheck import SchemaError, from_mapping, rng
+from schemas.typecheck import SchemaError, bounds, from_mapping
 
 RULES_DIR = Path(__file__).with_name("rules")
 SOURCES = ("log", "nvml", "nic", "exit")
@@ -84,14 +84,14 @@ class Rule:
     context: str = "any"
     #: structured rows: field conditions.
     when: dict[str, Any] = field(default_factory=dict)
-    count: int = field(default=1, metadata=rng(1, 1_000_000))
-    window_s: float | None = field(default=None, metadata=rng(0.001, 1e9))
-    dedup_s: float = field(default=0.0, metadata=rng(0.0, 1e9))
+    count: int = field(default=1, metadata=bounds(1, 1_000_000))
+    window_s: float | None = field(default=None, metadata=bounds(0.001, 1e9))
+    dedup_s: float = field(default=0.0, metadata=bounds(0.0, 1e9))
     #: extracted fields that separate counters (e.g. ``[pci]``: one count per GPU).
     key: list[str] = field(default_factory=list)
     below_action: Action | None = None
     below_severity: Severity | None = None
-    priority: int = field(default=100, metadata=rng(0, 1_000_000))
+    priority: int = field(default=100, metadata=bounds(0, 1_000_000))
     #: real-looking inputs this row must match (a line, or a sample dict); tested per row.
     examples: list[Any] = field(default_factory=list)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from detectors.findings import Finding
 from schemas.enums import Action, Severity
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 
 def _finite(v: Any) -> float | None:
@@ -39,13 +39,13 @@ class SpikeConfig:
     """Settings of :class:`SpikeDetector`."""
 
     #: a value >= factor x the recent median is a spike (ByteRobust: 5x).
-    factor: float = field(default=5.0, metadata=rng(1.0, 1e6))
+    factor: float = field(default=5.0, metadata=bounds(1.0, 1e6))
     #: how many recent accepted values form the median.
-    window: int = field(default=50, metadata=rng(1, 100_000))
+    window: int = field(default=50, metadata=bounds(1, 100_000))
     #: values needed before spikes are judged (NaN/Inf are reported from the first one).
-    warmup: int = field(default=10, metadata=rng(1, 100_000))
+    warmup: int = field(default=10, metadata=bounds(1, 100_000))
     #: after this many spikes in a row the level is taken as the new normal (baseline restarts).
-    max_consecutive: int = field(default=20, metadata=rng(1, 100_000))
+    max_consecutive: int = field(default=20, metadata=bounds(1, 100_000))
 
 
 class SpikeDetector:
@@ -115,9 +115,9 @@ class StallConfig:
     """Settings of :class:`StepStallDetector`."""
 
     #: no step progress on any rank for this long is a hang suspicion.
-    stall_s: float = field(default=600.0, metadata=rng(1.0, 1e7))
+    stall_s: float = field(default=600.0, metadata=bounds(1.0, 1e7))
     #: a rank whose last heartbeat is older than this counts as dead, not hung.
-    heartbeat_timeout_s: float = field(default=60.0, metadata=rng(0.1, 1e7))
+    heartbeat_timeout_s: float = field(default=60.0, metadata=bounds(0.1, 1e7))
 
 
 class StepStallDetector:
@@ -207,16 +207,16 @@ class StragglerConfig:
     """Settings of :class:`StragglerDetector`."""
 
     #: step times older than this (relative to the check) are forgotten.
-    window_s: float = field(default=300.0, metadata=rng(1.0, 1e7))
+    window_s: float = field(default=300.0, metadata=bounds(1.0, 1e7))
     #: robust z-score (median/MAD across ranks) at or above which a rank is a straggler.
-    z_threshold: float = field(default=3.5, metadata=rng(0.1, 1e6))
+    z_threshold: float = field(default=3.5, metadata=bounds(0.1, 1e6))
     #: and it must be at least this much slower than the median rank (ignores tiny spreads).
-    min_slowdown: float = field(default=1.1, metadata=rng(1.0, 1e6))
+    min_slowdown: float = field(default=1.1, metadata=bounds(1.0, 1e6))
     #: ranks with samples needed for a comparison; samples a rank needs to be judged.
-    min_ranks: int = field(default=4, metadata=rng(2, 10_000_000))
-    min_samples: int = field(default=3, metadata=rng(1, 100_000))
+    min_ranks: int = field(default=4, metadata=bounds(2, 10_000_000))
+    min_samples: int = field(default=3, metadata=bounds(1, 100_000))
     #: MAD floor as a fraction of the median, so identical ranks do not make z infinite.
-    mad_floor_frac: float = field(default=0.01, metadata=rng(0.0, 1.0))
+    mad_floor_frac: float = field(default=0.01, metadata=bounds(0.0, 1.0))
 
 
 class StragglerDetector:
@@ -302,12 +302,12 @@ class MfuConfig:
     """Settings of :class:`MfuDeclineDetector`."""
 
     #: accepted MFU values in the rolling baseline (median).
-    baseline_window: int = field(default=100, metadata=rng(1, 1_000_000))
-    warmup: int = field(default=10, metadata=rng(1, 1_000_000))
+    baseline_window: int = field(default=100, metadata=bounds(1, 1_000_000))
+    warmup: int = field(default=10, metadata=bounds(1, 1_000_000))
     #: MFU below (1 - decline_frac) x baseline is low.
-    decline_frac: float = field(default=0.1, metadata=rng(0.0, 1.0))
+    decline_frac: float = field(default=0.1, metadata=bounds(0.0, 1.0))
     #: consecutive low values before reporting (one finding per episode).
-    sustain: int = field(default=3, metadata=rng(1, 1_000_000))
+    sustain: int = field(default=3, metadata=bounds(1, 1_000_000))
 
 
 class MfuDeclineDetector:

@@ -212,5 +212,14 @@ class EventConsumer:
             else:
                 self._consumer.seek(tp, committed)
 
+    def lag(self) -> dict[str, int]:
+        """Records behind the high watermark per topic, over this member's partitions (last fetch)."""
+        out: dict[str, int] = {}
+        for tp in self._consumer.assignment():
+            high, pos = self._consumer.highwater(tp), self._consumer.position(tp)
+            if high is not None and pos is not None:
+                out[tp.topic] = out.get(tp.topic, 0) + max(high - pos, 0)
+        return out
+
     def close(self) -> None:
         self._consumer.close()

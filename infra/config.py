@@ -13,15 +13,18 @@ Production points ``kafka`` and ``clickhouse`` at real clusters (with TLS/SASL s
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from schemas.config import ConfigError, load_config, load_yaml_file
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
-_PORT = rng(1, 65535)
+_PORT = bounds(1, 65535)
 T = TypeVar("T")
+#: the Python Kafka clients TrainGuard uses (kafka-python; aiokafka, also under Faust).
+KafkaClient = Literal["kafka-python", "aiokafka"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class KafkaConfig:
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    request_timeout_ms: int = field(default=15_000, metadata=rng(100, 600_000))
+    request_timeout_ms: int = field(default=15_000, metadata=bounds(100, 600_000))
     #: producer compression; gzip needs no native library on any client (kafka-python, aiokafka).
     compression: str | None = "gzip"
 
@@ -51,8 +54,21 @@ class KafkaConfig:
     def servers(self) -> list[str]:
         return [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
 
-    def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for kafka-python clients (aiokafka takes the same names)."""
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of ``ssl_cafile``/``ssl_certfile``/``ssl_keyfile`` (None without TLS)."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        ctx = ssl.create_default_context(cafile=self.ssl_cafile)
+        if self.ssl_certfile:
+            ctx.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return ctx
+
+    def client_kwargs(self, client: KafkaClient = "kafka-python") -> dict[str, Any]:
+        """Keyword arguments for a Kafka client, the one place TLS/SASL settings are translated.
+
+        Both clients take the same names for servers, timeouts and SASL; TLS differs: kafka-python
+        takes the CA/cert/key file paths, aiokafka one ``ssl.SSLContext`` built from them.
+        """
         kw: dict[str, Any] = {
             "bootstrap_servers": self.servers,
             "client_id": self.client_id,
@@ -65,9 +81,15 @@ class KafkaConfig:
                 sasl_plain_username=self.sasl_username,
                 sasl_plain_password=self.sasl_password,
             )
-        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-            if getattr(self, name):
-                kw[name] = getattr(self, name)
+        if client == "aiokafka":
+            if (ctx := self.ssl_context()) is not None:
+                kw["ssl_context"] = ctx
+        elif client == "kafka-python":
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, name):
+                    kw[name] = getattr(self, name)
+        else:
+            raise ValueError(f"unknown Kafka client {client!r}")
         return kw
 
 
@@ -81,7 +103,7 @@ class ClickHouseConfig:
     username: str = "default"
     password: str = ""
     secure: bool = False
-    connect_timeout_s: float = field(default=5.0, metadata=rng(0.1, 600))
+    connect_timeout_s: float = field(default=5.0, metadata=bounds(0.1, 600))
     #: a clickhouse-connect DSN overriding host/port, e.g. ``chdb:///path`` for in-process tests.
     dsn: str | None = None
 
@@ -99,12 +121,12 @@ class StackConfig:
     home: str = ".trainguard"
     kafka_port: int = field(default=19092, metadata=_PORT)
     kafka_controller_port: int = field(default=19093, metadata=_PORT)
-    kafka_heap_mb: int = field(default=512, metadata=rng(128, 65536))
+    kafka_heap_mb: int = field(default=512, metadata=bounds(128, 65536))
     clickhouse_http_port: int = field(default=18123, metadata=_PORT)
     clickhouse_tcp_port: int = field(default=19000, metadata=_PORT)
     #: where resolved Kafka jars are cached, shared by every stack home on the machine.
     cache_dir: str = "~/.cache/trainguard"
-    start_timeout_s: float = field(default=90.0, metadata=rng(1, 3600))
+    start_timeout_s: float = field(default=90.0, metadata=bounds(1, 3600))
 
     @property
     def home_path(self) -> Path:
@@ -117,7 +139,7 @@ class StackConfig:
 
 #: YAML sections owned by one component each (worker, exporter, action service); each component
 #: validates its own section with its own config dataclass (:func:`component_config`).
-COMPONENT_SECTIONS = ("worker", "exporter", "actions", "detectors")
+COMPONENT_SECTIONS = ("worker", "exporter", "actions")
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from typing import Any
 from schemas.base import Event, register
 from schemas.enums import Action, Severity
 from schemas.topology import JobTopology
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
-_NAME = rng(max_len=256)
-_MS = rng(0, 2**62)
-_ID = rng(max_len=128)
-_TEXT = rng(max_len=65_536)
+_NAME = bounds(max_len=256)
+_MS = bounds(0, 2**62)
+_ID = bounds(max_len=128)
+_TEXT = bounds(max_len=65_536)
 
 
 def stable_id(*parts: Any) -> str:
@@ -51,7 +51,7 @@ class Detection(Event):
     action: Action = Action.NONE  # the recommendation; the decide step makes the decision
     node: str = field(default="", metadata=_NAME)
     ranks: list[int] = field(default_factory=list)
-    score: float | None = field(default=None, metadata=rng(allow_nan=False))
+    score: float | None = field(default=None, metadata=bounds(allow_nan=False))
     message: str = field(default="", metadata=_TEXT)
     evidence: dict[str, Any] = field(default_factory=dict)
     #: ts_ms of the event that triggered the detection (for detect-latency accounting).
@@ -108,7 +108,7 @@ class ActionEvent(Event):
     step: str = field(metadata=_NAME)  # stop / evict / swap_standby / restart / rollback / diagnose ...
     phase: ActionPhase
     action: Action = Action.NONE
-    duration_ms: float = field(default=0.0, metadata=rng(0, 1e12))
+    duration_ms: float = field(default=0.0, metadata=bounds(0, 1e12))
     detail: str = field(default="", metadata=_TEXT)
     targets: Targets = field(default_factory=Targets)
 
@@ -143,11 +143,11 @@ class DeadLetter(Event):
     topic: str = field(metadata=_NAME)
     reason: str = field(metadata=_TEXT)
     stage: str = field(default="decode", metadata=_NAME)  # decode / process / sink
-    partition: int = field(default=-1, metadata=rng(-1, 1_000_000))
-    offset: int = field(default=-1, metadata=rng(-1, 2**63 - 1))
-    key: str = field(default="", metadata=rng(max_len=4096))
+    partition: int = field(default=-1, metadata=bounds(-1, 1_000_000))
+    offset: int = field(default=-1, metadata=bounds(-1, 2**63 - 1))
+    key: str = field(default="", metadata=bounds(max_len=4096))
     #: the offending bytes: UTF-8 text when decodable, else base64 with ``payload_b64`` set.
-    payload: str = field(default="", metadata=rng(max_len=1_048_576))
+    payload: str = field(default="", metadata=bounds(max_len=1_048_576))
     payload_b64: bool = False
 
 

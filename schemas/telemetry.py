@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from schemas.base import Event, register
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
-_NAME = rng(max_len=256)
-_U64 = rng(0, 2**64 - 1)
-_MS = rng(0, 2**62)
+_NAME = bounds(max_len=256)
+_U64 = bounds(0, 2**64 - 1)
+_MS = bounds(0, 2**62)
 
 
 class GpuState(StrEnum):
@@ -30,16 +30,16 @@ class GpuState(StrEnum):
 class GpuSample:
     """One GPU at one instant (NVML)."""
 
-    index: int = field(metadata=rng(0, 1023))
+    index: int = field(metadata=bounds(0, 1023))
     uuid: str = field(default="", metadata=_NAME)
     state: GpuState = GpuState.OK
-    util_gpu_pct: float | None = field(default=None, metadata=rng(0, 100))
-    util_mem_pct: float | None = field(default=None, metadata=rng(0, 100))
+    util_gpu_pct: float | None = field(default=None, metadata=bounds(0, 100))
+    util_mem_pct: float | None = field(default=None, metadata=bounds(0, 100))
     mem_used_bytes: int | None = field(default=None, metadata=_U64)
     mem_total_bytes: int | None = field(default=None, metadata=_U64)
-    temperature_c: float | None = field(default=None, metadata=rng(-50, 200))
-    power_w: float | None = field(default=None, metadata=rng(0, 10_000))
-    sm_clock_mhz: int | None = field(default=None, metadata=rng(0, 100_000))
+    temperature_c: float | None = field(default=None, metadata=bounds(-50, 200))
+    power_w: float | None = field(default=None, metadata=bounds(0, 10_000))
+    sm_clock_mhz: int | None = field(default=None, metadata=bounds(0, 100_000))
     #: NVML clocks-event (throttle) reason bitmask and its decoded names.
     throttle_mask: int | None = field(default=None, metadata=_U64)
     throttle_reasons: list[str] = field(default_factory=list)
@@ -55,7 +55,7 @@ class GpuSample:
     pcie_replay_count: int | None = field(default=None, metadata=_U64)
     nvlink_errors: int | None = field(default=None, metadata=_U64)
     #: set when state != ok: the NVML error text.
-    error: str = field(default="", metadata=rng(max_len=4096))
+    error: str = field(default="", metadata=bounds(max_len=4096))
 
 
 @register
@@ -72,7 +72,7 @@ class GpuSampleBatch(Event):
 
 @dataclass(frozen=True)
 class DiskUsage:
-    mount: str = field(metadata=rng(max_len=1024))
+    mount: str = field(metadata=bounds(max_len=1024))
     total_bytes: int = field(metadata=_U64)
     used_bytes: int = field(metadata=_U64)
 
@@ -85,15 +85,15 @@ class HostSample(Event):
     TYPE = "host"
     node: str = field(metadata=_NAME)
     ts_ms: int = field(metadata=_MS)
-    cpu_util_pct: float = field(metadata=rng(0, 100))
-    load1: float = field(metadata=rng(0, 1e6))
-    load5: float = field(metadata=rng(0, 1e6))
-    load15: float = field(metadata=rng(0, 1e6))
+    cpu_util_pct: float = field(metadata=bounds(0, 100))
+    load1: float = field(metadata=bounds(0, 1e6))
+    load5: float = field(metadata=bounds(0, 1e6))
+    load15: float = field(metadata=bounds(0, 1e6))
     mem_total_bytes: int = field(metadata=_U64)
     mem_available_bytes: int = field(metadata=_U64)
     swap_total_bytes: int = field(default=0, metadata=_U64)
     swap_used_bytes: int = field(default=0, metadata=_U64)
-    process_count: int = field(default=0, metadata=rng(0, 10_000_000))
+    process_count: int = field(default=0, metadata=bounds(0, 10_000_000))
     disks: list[DiskUsage] = field(default_factory=list)
     job: str = field(default="", metadata=_NAME)
 
@@ -137,8 +137,8 @@ class SourceHealth:
     ok: bool
     last_success_ms: int = field(default=0, metadata=_MS)
     error_count: int = field(default=0, metadata=_U64)
-    duration_ms: float = field(default=0.0, metadata=rng(0, 1e9))
-    last_error: str = field(default="", metadata=rng(max_len=4096))
+    duration_ms: float = field(default=0.0, metadata=bounds(0, 1e9))
+    last_error: str = field(default="", metadata=bounds(max_len=4096))
 
 
 @register

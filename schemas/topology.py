@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 Dim = Literal["tp", "dp", "pp"]
 DIMS: tuple[Dim, ...] = ("tp", "dp", "pp")
@@ -43,10 +43,10 @@ class JobTopology:
     """TP/PP/DP sizes, rank order and machine layout of one training job."""
 
     job: str
-    tp: int = field(default=1, metadata=rng(1, 1 << 20))
-    pp: int = field(default=1, metadata=rng(1, 1 << 20))
-    dp: int = field(default=1, metadata=rng(1, 1 << 20))
-    ranks_per_machine: int = field(default=8, metadata=rng(1, 1 << 12))
+    tp: int = field(default=1, metadata=bounds(1, 1 << 20))
+    pp: int = field(default=1, metadata=bounds(1, 1 << 20))
+    dp: int = field(default=1, metadata=bounds(1, 1 << 20))
+    ranks_per_machine: int = field(default=8, metadata=bounds(1, 1 << 12))
     order: str = "tp-dp-pp"
     #: node name of machine index i; empty means machines are known by index only.
     machines: list[str] = field(default_factory=list)

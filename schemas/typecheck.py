@@ -7,7 +7,7 @@ which is what ends up in a dead-letter record or a config error message.
 
 Supported annotations: ``int``, ``float``, ``str``, ``bool``, ``X | None``, ``list[X]``,
 ``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (any JSON value), ``enum.Enum`` subclasses and
-nested dataclasses.  Numeric ranges come from field metadata: ``field(metadata=rng(0, 100))``.
+nested dataclasses.  Numeric ranges come from field metadata: ``field(metadata=bounds(0, 100))``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class SchemaError(ValueError):
         super().__init__(f"{path}: {reason}" if path else reason)
 
 
-def rng(
+def bounds(
     lo: float | None = None, hi: float | None = None, *, allow_nan: bool = False, max_len: int | None = None
 ) -> dict[str, Any]:
     """Field metadata for range checks: inclusive ``lo``/``hi``; NaN/Inf only if ``allow_nan``."""

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 from schemas.base import Event, register
 from schemas.enums import ProcessRole
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
-_NAME = rng(max_len=256)
-_MS = rng(0, 2**62)
-_RANK = rng(-1, 10_000_000)  # -1: not tied to a rank (e.g. kernel log of the node)
-_PID = rng(0, 2**31 - 1)
+_NAME = bounds(max_len=256)
+_MS = bounds(0, 2**62)
+_RANK = bounds(-1, 10_000_000)  # -1: not tied to a rank (e.g. kernel log of the node)
+_PID = bounds(0, 2**31 - 1)
 
 
 @register
@@ -26,18 +26,18 @@ class TrainingStep(Event):
 
     TYPE = "training_step"
     job: str = field(metadata=_NAME)
-    rank: int = field(metadata=rng(0, 10_000_000))
-    step: int = field(metadata=rng(0, 2**62))
+    rank: int = field(metadata=bounds(0, 10_000_000))
+    step: int = field(metadata=bounds(0, 2**62))
     ts_ms: int = field(metadata=_MS)
     node: str = field(default="", metadata=_NAME)
-    loss: float | None = field(default=None, metadata=rng(allow_nan=True))
-    grad_norm: float | None = field(default=None, metadata=rng(0, None, allow_nan=True))
-    step_time_s: float | None = field(default=None, metadata=rng(0, 1e7))
-    tokens: int | None = field(default=None, metadata=rng(0, 2**62))
-    tokens_per_s: float | None = field(default=None, metadata=rng(0, 1e15))
-    mfu: float | None = field(default=None, metadata=rng(0, 1))
+    loss: float | None = field(default=None, metadata=bounds(allow_nan=True))
+    grad_norm: float | None = field(default=None, metadata=bounds(0, None, allow_nan=True))
+    step_time_s: float | None = field(default=None, metadata=bounds(0, 1e7))
+    tokens: int | None = field(default=None, metadata=bounds(0, 2**62))
+    tokens_per_s: float | None = field(default=None, metadata=bounds(0, 1e15))
+    mfu: float | None = field(default=None, metadata=bounds(0, 1))
     #: reporter queue drops since the last delivered step (never silently lost).
-    dropped: int = field(default=0, metadata=rng(0, 2**62))
+    dropped: int = field(default=0, metadata=bounds(0, 2**62))
 
 
 @register
@@ -49,9 +49,9 @@ class LogLine(Event):
     node: str = field(metadata=_NAME)
     ts_ms: int = field(metadata=_MS)
     source: str = field(metadata=_NAME)  # kernel / stdout / stderr / file path
-    line: str = field(metadata=rng(max_len=65_536))
+    line: str = field(metadata=bounds(max_len=65_536))
     #: position in the source (byte offset or line number) -- with node+source, the dedup key.
-    seq: int = field(default=0, metadata=rng(0, 2**63 - 1))
+    seq: int = field(default=0, metadata=bounds(0, 2**63 - 1))
     job: str = field(default="", metadata=_NAME)
     rank: int = field(default=-1, metadata=_RANK)
 
@@ -68,10 +68,10 @@ class ProcessExit(Event):
     job: str = field(default="", metadata=_NAME)
     rank: int = field(default=-1, metadata=_RANK)
     role: ProcessRole = ProcessRole.MAIN
-    exit_code: int | None = field(default=None, metadata=rng(-255, 255))
-    signal: int | None = field(default=None, metadata=rng(0, 128))
-    reason: str = field(default="", metadata=rng(max_len=4096))
-    traceback: str = field(default="", metadata=rng(max_len=262_144))
+    exit_code: int | None = field(default=None, metadata=bounds(-255, 255))
+    signal: int | None = field(default=None, metadata=bounds(0, 128))
+    reason: str = field(default="", metadata=bounds(max_len=4096))
+    traceback: str = field(default="", metadata=bounds(max_len=262_144))
 
     def __post_init__(self) -> None:
         if self.exit_code is None and self.signal is None and not self.reason:
@@ -80,18 +80,18 @@ class ProcessExit(Event):
 
 @dataclass(frozen=True)
 class Frame:
-    function: str = field(metadata=rng(max_len=1024))
-    filename: str = field(default="", metadata=rng(max_len=4096))
-    line: int = field(default=0, metadata=rng(0, 10_000_000))
-    module: str = field(default="", metadata=rng(max_len=1024))
+    function: str = field(metadata=bounds(max_len=1024))
+    filename: str = field(default="", metadata=bounds(max_len=4096))
+    line: int = field(default=0, metadata=bounds(0, 10_000_000))
+    module: str = field(default="", metadata=bounds(max_len=1024))
 
 
 @dataclass(frozen=True)
 class ThreadStack:
     """Frames innermost first, as py-spy prints them."""
 
-    thread_id: int = field(default=0, metadata=rng(0, 2**64 - 1))
-    name: str = field(default="", metadata=rng(max_len=1024))
+    thread_id: int = field(default=0, metadata=bounds(0, 2**64 - 1))
+    name: str = field(default="", metadata=bounds(max_len=1024))
     active: bool = True
     owns_gil: bool = False
     frames: list[Frame] = field(default_factory=list)
@@ -104,8 +104,8 @@ class ProcessInfo:
     pid: int = field(metadata=_PID)
     ppid: int = field(default=0, metadata=_PID)
     role: ProcessRole = ProcessRole.OTHER
-    cmdline: str = field(default="", metadata=rng(max_len=8192))
-    state: str = field(default="", metadata=rng(max_len=16))  # /proc/PID/stat state letter
+    cmdline: str = field(default="", metadata=bounds(max_len=8192))
+    state: str = field(default="", metadata=bounds(max_len=16))  # /proc/PID/stat state letter
 
 
 @register
@@ -121,11 +121,11 @@ class StackDump(Event):
     capture_id: str = field(metadata=_NAME)
     ts_ms: int = field(metadata=_MS)
     role: ProcessRole = ProcessRole.MAIN
-    round: int = field(default=0, metadata=rng(0, 10_000))
+    round: int = field(default=0, metadata=bounds(0, 10_000))
     threads: list[ThreadStack] = field(default_factory=list)
     #: the process tree the dump belongs to (the rank's main process and its children).
     process_tree: list[ProcessInfo] = field(default_factory=list)
     #: py-spy's text output, kept for humans and postmortems.
-    raw_text: str = field(default="", metadata=rng(max_len=1_048_576))
+    raw_text: str = field(default="", metadata=bounds(max_len=1_048_576))
     #: set when py-spy failed (process gone, permission): a missing stack is evidence too.
-    error: str = field(default="", metadata=rng(max_len=4096))
+    error: str = field(default="", metadata=bounds(max_len=4096))

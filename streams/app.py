@@ -2,25 +2,35 @@
 
 ``build_app`` creates the app from the project's settings and registers every agent; several
 workers started with the same ``app_id`` form one consumer group and share the partitions.  The
-worker's web server serves ``/metrics`` (Prometheus) and ``/healthz`` (progress-based liveness).
+agents share one :class:`~detectors.routing.DetectionPath` (the routing the offline replay uses
+too).  The ClickHouse sink (:class:`infra.sink.Sink`) runs beside them in a thread of its own,
+with a consumer group of its own (``<app_id>-sink``): a ClickHouse outage holds up the sink,
+never the detection agents.  The worker's web server serves ``/metrics`` (Prometheus) and
+``/healthz`` (progress-based liveness of every agent and of the sink).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import faust
+import mode
 from prometheus_client import generate_latest
 
+from detectors.routing import DetectionPath
 from infra.config import Settings
-from streams.agents import aggregation, anomaly, control, decide, inspection, sink, training
+from infra.sink import SinkThread
+from streams import jobs as job_specs
+from streams.agents import aggregation, anomaly, control, decide, inspection, training
 from streams.config import WorkerConfig
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
 from streams.kafka_compat import faust_broker
+from streams.metrics import SinkMetrics
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +41,10 @@ class Worker:
 
     app: Any
     ctx: WorkerContext
-    monitors: training.Monitors
-    policy: Any
-    inspector: Any
+    path: DetectionPath
+    jobs: JobDirectory
+    #: None when ``sink_enabled`` is off.
+    sink: SinkThread | None
 
 
 def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
@@ -62,26 +73,42 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
     )
     ctx = WorkerContext(settings=settings, cfg=cfg, app=app)
     jobs = JobDirectory(settings.clickhouse)
-    inspector = inspection.register(ctx)
-    monitors = training.register(ctx)
-    policy = decide.register(ctx, jobs)
-    aggregation.register(ctx, jobs)
-    anomaly.register(ctx)
-    if cfg.sink_enabled:
-        sink.register(ctx, jobs)
+    path = DetectionPath(cfg)
+    inspection.register(ctx, path)
+    training.register(ctx, path)
+    decide.register(ctx, path, jobs)
+    aggregation.register(ctx, path, jobs)
+    anomaly.register(ctx, path)
+    job_specs.follow(ctx, jobs)
+    sink = _register_sink(ctx) if cfg.sink_enabled else None
 
     def on_change(new: WorkerConfig) -> None:
-        monitors.reconfigure()
-        policy.config = new.decide
-        inspector.host = new.host
+        path.reconfigure(new)
 
     control.register(ctx, on_change)
-    _register_web(ctx)
+    _register_web(ctx, sink)
     _register_lag(ctx)
-    return Worker(app, ctx, monitors, policy, inspector)
+    return Worker(app, ctx, path, jobs, sink)
 
 
-def _register_web(ctx: WorkerContext) -> None:
+def _register_sink(ctx: WorkerContext) -> SinkThread:
+    """The sink thread, started and stopped with the app; its group is ``<app_id>-sink``."""
+    cfg = ctx.cfg
+    sink_cfg = replace(cfg.sink, group_id=cfg.sink.group_id or f"{cfg.app_id}-sink")
+    runner = SinkThread(ctx.settings, sink_cfg, SinkMetrics(ctx.metrics), cfg.auto_offset_reset)
+
+    class SinkService(mode.Service):
+        async def on_start(self) -> None:
+            runner.start()
+
+        async def on_stop(self) -> None:
+            await asyncio.get_running_loop().run_in_executor(None, runner.stop)
+
+    ctx.app.service(SinkService)
+    return runner
+
+
+def _register_web(ctx: WorkerContext, sink: SinkThread | None) -> None:
     app = ctx.app
 
     @app.page("/metrics")
@@ -90,11 +117,14 @@ def _register_web(ctx: WorkerContext) -> None:
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
-        stalled = ctx.metrics.stalled_agents(ctx.cfg.liveness_stall_s, ctx.started_at)
+        stalled = ctx.metrics.stalled_agents(ctx.cfg.liveness_stall_s, ctx.started_at, sink is not None)
+        if sink is not None and sink.ident is not None and not sink.is_alive() and "sink" not in stalled:
+            stalled.append("sink")  # its thread ended while the worker runs
         body = {
             "ok": not stalled,
             "stalled_agents": stalled,
             "lag": ctx.metrics.total_lag(),
+            "sink_lag": ctx.metrics.total_sink_lag() if sink is not None else None,
             "uptime_s": round(time.time() - ctx.started_at, 1),
         }
         return web.json(body, status=200 if not stalled else 503)

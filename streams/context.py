@@ -2,25 +2,29 @@
 
 Agents stay thin by calling these: :meth:`WorkerContext.decode` turns a Faust event into a
 schema event or dead-letters it (with topic, partition, offset, key and the reason),
-:meth:`WorkerContext.emit` publishes an event to its registry topic with the registry key, and
+:meth:`WorkerContext.emit` publishes an event to its registry topic with the registry key,
 :meth:`WorkerContext.guard` wraps one event's processing so an exception dead-letters that event
-instead of killing the agent.
+instead of killing the agent, and :meth:`WorkerContext.follow` reads a whole topic on every
+worker (what every worker must know, such as job specs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.backoff import Backoff
 from infra.bus import dead_letter_for
 from infra.config import Settings
 from schemas.base import Event
 from schemas.codec import DecodeError, decode, encode
-from schemas.topics import BY_NAME, DEAD_LETTERS, TOPICS, Topic, topic_for
+from schemas.topics import BY_NAME, DEAD_LETTERS, Topic, topic_for
 from streams.config import WorkerConfig
+from streams.kafka_compat import aiokafka_kwargs
 from streams.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,8 @@ class WorkerContext:
 
     def faust_topics(self, *ts: Topic) -> Any:
         """One Faust topic object subscribed to several registry topics."""
+        if len(ts) == 1:
+            return self.faust_topic(ts[0])
         return self.app.topic(
             *(t.name for t in ts),
             key_type=bytes,
@@ -63,17 +69,14 @@ class WorkerContext:
             value_serializer="raw",
         )
 
-    def all_topics(self) -> tuple[Topic, ...]:
-        return TOPICS
-
     def track(self, message: Any) -> None:
         self.positions[(message.topic, message.partition)] = message.offset
 
     async def decode(self, event: Any, agent: str) -> Event | None:
         """The schema event carried by a Faust event, or None if it is garbage.
 
-        Garbage is dead-lettered once: by the sink, which reads every topic; the other agents
-        only skip it (they dead-letter it themselves when the sink is disabled).
+        Garbage is dead-lettered once: by the sink, which reads every topic; the agents only
+        skip it (they dead-letter it themselves when the sink is disabled).
         """
         msg = event.message
         self.track(msg)
@@ -81,7 +84,7 @@ class WorkerContext:
         try:
             return decode(event.value, expect=topic.event if topic else None)
         except DecodeError as exc:
-            if agent == "sink" or not self.cfg.sink_enabled:
+            if not self.cfg.sink_enabled:
                 await self.dead_letter(msg, str(exc), agent, "decode")
             return None
 
@@ -109,3 +112,45 @@ class WorkerContext:
             log.exception("agent %s failed on %s@%s", agent, event.message.topic, event.message.offset)
             await self.dead_letter(event.message, f"{type(exc).__name__}: {exc}", agent, "process")
         self.metrics.processed(agent)
+
+    def follow(self, topic: Topic, handle: Callable[[bytes | None], None], name: str) -> None:
+        """Run ``handle`` on every record of ``topic`` on this worker, from the start of the topic.
+
+        Not group-consumed: each worker reads every partition itself (no offsets committed), so
+        what the topic says reaches every worker, whichever partitions its agents own.  If the
+        broker goes away the reader starts over after a pause (``handle`` must be idempotent).
+        """
+        kafka = self.settings.kafka
+
+        async def read(backoff: Backoff) -> None:
+            from aiokafka import AIOKafkaConsumer, TopicPartition
+
+            consumer = AIOKafkaConsumer(**aiokafka_kwargs(kafka), group_id=None, enable_auto_commit=False)
+            await consumer.start()
+            try:
+                parts = [TopicPartition(topic.name, p) for p in range(topic.partitions)]
+                consumer.assign(parts)
+                await consumer.seek_to_beginning(*parts)
+                backoff.reset()
+                while True:
+                    batches = await consumer.getmany(timeout_ms=1000)
+                    for records in batches.values():
+                        for rec in records:
+                            handle(rec.value)
+            finally:
+                await consumer.stop()
+
+        async def follower() -> None:
+            backoff = Backoff(initial_s=1.0, max_s=30.0)
+            while True:
+                try:
+                    await read(backoff)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the broker away: start over
+                    delay = backoff.next_delay()
+                    log.warning("%s: reading %s failed (%s); retrying in %.1fs", name, topic.name, exc, delay)
+                    await asyncio.sleep(delay)
+
+        follower.__name__ = f"follow_{name}"
+        self.app.task(follower)

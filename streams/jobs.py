@@ -1,7 +1,10 @@
-"""Job topologies for the workers, read from ClickHouse's ``job_specs`` (latest spec per job).
+"""Job topologies for the workers: the jobs topic, followed by every worker, and ClickHouse's
+``job_specs`` (latest spec per job) for what the worker has not read (yet).
 
-Specs change rarely (job start, machine swaps), so lookups are cached for ``ttl_s`` and run in a
-thread: a ClickHouse query never blocks the event loop.
+:func:`follow` feeds every spec published on the jobs topic into the worker's
+:class:`JobDirectory`, on every worker (not group-consumed: a job's decisions may be handled on
+any worker).  Specs change rarely (job start, machine swaps), so store lookups are cached for
+``ttl_s`` and run in a thread: a ClickHouse query never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ import json
 import logging
 import time
 
+from detectors.routing import INPUTS, JOB_SPECS, newer_spec
 from infra.clickhouse.store import ClickHouseStore, StoreError
 from infra.config import ClickHouseConfig
+from schemas.codec import DecodeError, decode
 from schemas.control import JobSpec
 from schemas.topology import JobTopology
 from schemas.typecheck import SchemaError, from_mapping
+from streams.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +53,32 @@ class JobDirectory:
         except StoreError as exc:
             log.warning("job spec lookup for %s failed: %s", job, exc)
             return hit[1] if hit else None
+        if hit is not None and hit[1] is not None and (spec is None or not newer_spec(spec, hit[1])):
+            spec = hit[1]  # read from the jobs topic and not in the store yet (the sink lags)
         self._cache[job] = (time.monotonic(), spec)
         return spec
 
     def remember(self, spec: JobSpec) -> None:
         """Take a spec seen on the jobs topic (fresher than the store)."""
         cached = self._cache.get(spec.job)
-        if cached is None or cached[1] is None or cached[1].ts_ms <= spec.ts_ms:
+        if cached is None or newer_spec(spec, cached[1]):
             self._cache[spec.job] = (time.monotonic(), spec)
 
     async def topology(self, job: str) -> JobTopology | None:
         spec = await self.spec(job)
         return spec.topology if spec else None
+
+
+def follow(ctx: WorkerContext, jobs: JobDirectory) -> None:
+    """Every spec on the jobs topic -> ``jobs`` (garbage is skipped: the sink dead-letters it)."""
+
+    def handle(raw: bytes | None) -> None:
+        try:
+            spec = decode(raw, expect=JobSpec)
+        except DecodeError:
+            return
+        if isinstance(spec, JobSpec):
+            jobs.remember(spec)
+
+    for topic in INPUTS[JOB_SPECS]:
+        ctx.follow(topic, handle, JOB_SPECS)

@@ -2,15 +2,23 @@
 
 Liveness is judged on processing progress, not on the process being up (faust#416/#523: agents
 that die or stall silently): an agent with input waiting (lag > 0) that made no progress for
-``liveness_stall_s`` makes ``/healthz`` fail.
+``liveness_stall_s`` makes ``/healthz`` fail.  The agents share the worker's Faust consumer, so
+its lag is their input; the sink has a consumer of its own, so its own lag is its input.  A sink
+that keeps retrying a failed insert is waiting for ClickHouse, not stalled (a restart would not
+bring ClickHouse back; ``trainguard_sink_failures_total`` says what is going on); a sink whose
+loop stopped going round (a hung call, a dead thread) with records waiting is stalled.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: the sink's name in the per-agent metrics and in /healthz.
+SINK = "sink"
 
 
 @dataclass
@@ -43,8 +51,18 @@ class WorkerMetrics:
         self.sink_failures = Counter(
             "trainguard_sink_failures_total", "Failed ClickHouse inserts", registry=r
         )
+        self.sink_lag = Gauge(
+            "trainguard_sink_lag", "Records the sink is behind the high watermark", ["topic"], registry=r
+        )
+        self.sink_buffered = Gauge(
+            "trainguard_sink_buffered", "Records the sink has read but not stored yet", registry=r
+        )
         self._last_progress: dict[str, float] = {}
+        #: last time an agent was seen waiting on a dependency (the sink retrying ClickHouse).
+        self._waiting: dict[str, float] = {}
         self._lag: dict[str, float] = {}
+        self._sink_lag: dict[str, float] = {}
+        self._sink_buffered = 0
 
     def processed(self, agent: str, n: int = 1) -> None:
         self.events.labels(agent).inc(n)
@@ -57,11 +75,64 @@ class WorkerMetrics:
         self.lag.labels(topic).set(lag)
 
     def total_lag(self) -> float:
+        """Records the agents (the worker's Faust consumer) are behind."""
         return sum(self._lag.values())
 
-    def stalled_agents(self, stall_s: float, started_at: float) -> list[str]:
-        """Agents with no progress for ``stall_s`` while input is waiting."""
-        if self.total_lag() <= 0:
-            return []
+    def set_sink_lag(self, lag: Mapping[str, float], buffered: int) -> None:
+        for topic in set(self._sink_lag) - set(lag):  # partitions moved to another worker's sink
+            self.sink_lag.labels(topic).set(0)
+        self._sink_lag = dict(lag)
+        for topic, n in lag.items():
+            self.sink_lag.labels(topic).set(n)
+        self._sink_buffered = buffered
+        self.sink_buffered.set(buffered)
+
+    def total_sink_lag(self) -> float:
+        """Records the sink has not stored yet (behind the high watermark, or read and buffered)."""
+        return sum(self._sink_lag.values()) + self._sink_buffered
+
+    def waiting(self, agent: str) -> None:
+        """``agent`` is alive but waiting on a dependency (not progress, not a stall)."""
+        self._waiting[agent] = time.time()
+
+    def stalled_agents(self, stall_s: float, started_at: float, sink: bool = False) -> list[str]:
+        """Agents with no progress for ``stall_s`` while their input is waiting.
+
+        ``sink``: the worker runs a sink, judged on its own lag (reported even before its first
+        batch: a sink hung from the start is stalled too)."""
         now = time.time()
-        return sorted(a for a, t in self._last_progress.items() if now - max(t, started_at) > stall_s)
+
+        def quiet(agent: str) -> bool:
+            last = max(self._last_progress.get(agent, 0.0), self._waiting.get(agent, 0.0), started_at)
+            return now - last > stall_s
+
+        stalled = []
+        if self.total_lag() > 0:
+            stalled = [a for a in self._last_progress if a != SINK and quiet(a)]
+        if sink and self.total_sink_lag() > 0 and quiet(SINK):
+            stalled.append(SINK)
+        return sorted(stalled)
+
+
+@dataclass
+class SinkMetrics:
+    """The worker's metrics as the sink's observer (:class:`infra.sink.SinkObserver`)."""
+
+    metrics: WorkerMetrics
+
+    def on_stored(self, rows: Mapping[str, int], events: int, seconds: float) -> None:
+        m = self.metrics
+        m.sink_latency.observe(seconds)
+        for table, n in rows.items():
+            m.sink_rows.labels(table).inc(n)
+        m.processed(SINK, events)
+
+    def on_failure(self, error: Exception) -> None:
+        self.metrics.sink_failures.inc()
+        self.metrics.waiting(SINK)
+
+    def on_dead_letters(self, n: int) -> None:
+        self.metrics.dead_letters.labels(SINK).inc(n)
+
+    def on_lag(self, lag: Mapping[str, int], buffered: int) -> None:
+        self.metrics.set_sink_lag(lag, buffered)

@@ -21,7 +21,7 @@ from actions.errors import PermanentError, TemporaryError
 from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
 from schemas.base import now_ms
 from schemas.control import JobSpec
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class DryRunConfig:
     #: name prefix of provisioned standbys.
     standby_prefix: str = "standby"
     #: simulated time a new standby needs for its self-check before it is ready.
-    provision_s: float = field(default=0.0, metadata=rng(0, 3600))
+    provision_s: float = field(default=0.0, metadata=bounds(0, 3600))
 
 
 class DryRunExecutor:

@@ -73,7 +73,7 @@ from typing import Any
 
 from trainguard_demo import codever
 from trainguard_demo.checkpoint import latest_complete
-from trainguard_demo.config import JobSpec
+from trainguard_demo.config import LaunchSpec
 from trainguard_demo.faults import clear_faults
 from trainguard_demo.launcher import JobHandle, launch_job, read_progress, stop_job
 
@@ -169,7 +169,7 @@ def generation_done(progress: Mapping[int, Mapping[str, Any]], pids: Mapping[int
     return recs is not None and all(r.get("status") == "done" for r in recs)
 
 
-def _resume_step(spec: JobSpec) -> int:
+def _resume_step(spec: LaunchSpec) -> int:
     found = latest_complete(spec)
     return found[0] if found else 0
 
@@ -186,7 +186,9 @@ class BaselineSupervisor:
         sup.incidents()             # [{detected_at, requeued_at, resumed_at, stalled_since, ...}]
     """
 
-    def __init__(self, spec: JobSpec, config: BaselineConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, spec: LaunchSpec, config: BaselineConfig, clock: Callable[[], float] = time.time
+    ) -> None:
         self.config = config
         #: the job as the baseline runs it (every launch differs only in ``master_port``).
         self.base = replace(spec, checkpoint_every=config.checkpoint_every, nan_check=True, resume=True)
@@ -206,7 +208,7 @@ class BaselineSupervisor:
 
     # -- state (thread-safe) -----------------------------------------------------------------
     @property
-    def spec(self) -> JobSpec:
+    def spec(self) -> LaunchSpec:
         """The current launch's spec (its ``master_port`` changes with every requeue)."""
         with self._lock:
             return self._spec

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from detectors.planning import PlanningError, machine_backup_peers
-from trainguard_demo.config import JobSpec, write_atomic
+from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.faults import hang_forever
 
 
@@ -52,7 +52,7 @@ class ShardManifest:
     code_version: str
 
 
-def backup_machine(spec: JobSpec, machine: str) -> str | None:
+def backup_machine(spec: LaunchSpec, machine: str) -> str | None:
     """The machine that holds ``machine``'s backups: one sharing no parallel group with it, else
     (layouts with one real parallel dimension, as the paper's pure-ZeRO case) the next machine;
     None for a one-machine job."""
@@ -76,7 +76,7 @@ def snapshot(model: torch.nn.Module, optim: torch.optim.Optimizer, **extra: Any)
 class CheckpointWriter:
     """Writes one rank's shard and backup per step in a background thread."""
 
-    def __init__(self, spec: JobSpec, rank: int, code_version: str = "") -> None:
+    def __init__(self, spec: LaunchSpec, rank: int, code_version: str = "") -> None:
         self.spec, self.rank = spec, rank
         self.machine = spec.machine_of_rank(rank)
         self.peer = backup_machine(spec, self.machine)
@@ -154,7 +154,7 @@ class CheckpointWriter:
                         shutil.rmtree(d, ignore_errors=True)
 
 
-def _manifests(spec: JobSpec) -> dict[int, dict[int, list[Path]]]:
+def _manifests(spec: LaunchSpec) -> dict[int, dict[int, list[Path]]]:
     """step -> rank -> complete shard files on the job's machines (own machine's copy first)."""
     found: dict[int, dict[int, list[tuple[bool, bool, Path]]]] = {}
     for machine in spec.machine_names():
@@ -176,7 +176,7 @@ def _manifests(spec: JobSpec) -> dict[int, dict[int, list[Path]]]:
     }
 
 
-def latest_complete(spec: JobSpec, at_most: int | None = None) -> tuple[int, dict[int, list[Path]]] | None:
+def latest_complete(spec: LaunchSpec, at_most: int | None = None) -> tuple[int, dict[int, list[Path]]] | None:
     """The highest step (``<= at_most``) with a complete shard or backup for every rank, and
     rank -> its candidate files (own machine's copy first)."""
     for step, ranks in sorted(_manifests(spec).items(), reverse=True):

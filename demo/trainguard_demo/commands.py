@@ -41,7 +41,8 @@ def demo(
     ctx: click.Context, scenario_file: str | None, summary_json: str | None, keep: bool, baseline: bool
 ) -> None:
     """Run a real PyTorch job on a local cluster through injected faults; print timeline and ETTR."""
-    from trainguard_demo.run import DEFAULT_SCENARIO, Demo, DemoConfig, print_timeline
+    from trainguard_demo.report import print_timeline
+    from trainguard_demo.run import DEFAULT_SCENARIO, Demo, DemoConfig
 
     scenario = DEFAULT_SCENARIO
     if scenario_file:

@@ -1,8 +1,8 @@
 """Settings of a demo training job and the on-disk layout of the simulated cluster.
 
-:class:`JobSpec` is everything a rank needs to join a job (topology, machine names, rendezvous,
+:class:`LaunchSpec` is everything a rank needs to join a job (topology, machine names, rendezvous,
 training and model settings); it round-trips through JSON (standby activation files) and through
-the trainer's command line (:meth:`JobSpec.to_argv`).  :class:`ClusterPaths` names every file:
+the trainer's command line (:meth:`LaunchSpec.to_argv`).  :class:`ClusterPaths` names every file:
 
 .. code-block:: text
 
@@ -15,10 +15,10 @@ the trainer's command line (:meth:`JobSpec.to_argv`).  :class:`ClusterPaths` nam
     <cluster_dir>/machines/<m>/standby/<pool>/slot-<I>.json   a warm process, ready (see standby)
     <cluster_dir>/machines/<m>/standby/<pool>/activate.json   the job spec that wakes the pool
 
->>> spec = JobSpec(job="j", cluster_dir="/c", tp=2, pp=2, dp=1, ranks_per_machine=2, machines=["a", "b"])
+>>> spec = LaunchSpec(job="j", cluster_dir="/c", tp=2, pp=2, dp=1, ranks_per_machine=2, machines=["a", "b"])
 >>> spec.world_size, spec.machine_of_rank(3), spec.ranks_on("b")
 (4, 'b', [2, 3])
->>> JobSpec.from_json(spec.to_json()) == spec
+>>> LaunchSpec.from_json(spec.to_json()) == spec
 True
 """
 
@@ -46,7 +46,7 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class LaunchSpec:
     """One demo job: what every rank process is started with."""
 
     job: str
@@ -120,7 +120,7 @@ class JobSpec:
     def ranks_on(self, machine: str) -> list[int]:
         return self.topology().ranks_of_machine(self.machine_names().index(machine))
 
-    def replace_machine(self, old: str, new: str) -> JobSpec:
+    def replace_machine(self, old: str, new: str) -> LaunchSpec:
         """The same job with machine ``old`` swapped for ``new`` (a standby taking its ranks)."""
         names = self.machine_names()
         names[names.index(old)] = new
@@ -133,7 +133,7 @@ class JobSpec:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> JobSpec:
+    def from_json(cls, text: str) -> LaunchSpec:
         raw: dict[str, Any] = json.loads(text)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)

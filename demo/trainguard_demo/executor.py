@@ -3,7 +3,7 @@
 A machine is a directory ``<cluster_dir>/machines/<name>/`` (its disk: checkpoints, logs, fault
 hooks); its ranks are ``python -m trainguard_demo.trainer`` processes, each leading its own process
 group.  The demo writes the job's launch settings to ``<cluster_dir>/jobs/<job>.json``
-(:class:`trainguard_demo.config.JobSpec`); this executor applies the machine list of the JobSpec
+(:class:`trainguard_demo.config.LaunchSpec`); this executor applies the machine list of the JobSpec
 the action service hands it and (re)starts the ranks from the latest complete checkpoint.
 
 **Warm restarts.**  A restart wakes a pool of warm processes (torch already imported, see
@@ -34,17 +34,17 @@ from pathlib import Path
 
 from actions.errors import PermanentError, TemporaryError
 from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from infra.proctable import LIVE
 from schemas.control import JobSpec
 from schemas.topology import JobTopology
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 from trainguard_demo import codever
-from trainguard_demo.config import JobSpec as DemoSpec
+from trainguard_demo.config import LaunchSpec
 from trainguard_demo.diagnostics import LOCAL_TESTS, LocalFaults, prewarm, run_local
 from trainguard_demo.launcher import (
     activate_standby,
     launch_job,
     new_pool,
-    pid_alive,
     ready_pools,
     start_zygote,
 )
@@ -58,13 +58,13 @@ class LocalConfig:
 
     cluster_dir: str = ""
     #: gloo rendezvous ports: each (re)start takes the next one (a fresh store, no TIME_WAIT clash).
-    port_base: int = field(default=29700, metadata=rng(1024, 65000))
-    port_span: int = field(default=200, metadata=rng(1, 10000))
+    port_base: int = field(default=29700, metadata=bounds(1024, 65000))
+    port_span: int = field(default=200, metadata=bounds(1, 10000))
     #: grace between SIGTERM and SIGKILL when stopping ranks.
-    stop_grace_s: float = field(default=3.0, metadata=rng(0, 600))
+    stop_grace_s: float = field(default=3.0, metadata=bounds(0, 600))
     #: standby machines are named <prefix><n>.
     standby_prefix: str = "standby-"
-    diagnostics_timeout_s: float = field(default=30.0, metadata=rng(1, 3600))
+    diagnostics_timeout_s: float = field(default=30.0, metadata=bounds(1, 3600))
     #: start a node exporter on each standby machine it provisions (the demo's machines have none
     #: otherwise; a real cluster's nodes come with theirs).
     start_exporters: bool = True
@@ -73,9 +73,9 @@ class LocalConfig:
     #: start the diagnostics test server (imports torch) when the service starts.
     prewarm_diagnostics: bool = True
     #: warm pools kept per machine of the job (0: every restart cold-starts its processes).
-    warm_pools: int = field(default=1, metadata=rng(0, 4))
+    warm_pools: int = field(default=1, metadata=bounds(0, 4))
     #: a new pool waits this long before importing torch (the restarted ranks go first).
-    warm_delay_s: float = field(default=8.0, metadata=rng(0, 600))
+    warm_delay_s: float = field(default=8.0, metadata=bounds(0, 600))
 
 
 def wait_for(pred: Callable[[], object], timeout_s: float) -> bool:
@@ -89,21 +89,9 @@ def wait_for(pred: Callable[[], object], timeout_s: float) -> bool:
 
 
 def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return []
-    args = [a for a in raw.split("\0") if a]
+    args = LIVE.argv(pid)
     # A renamed process (setproctitle: a woken warm process) has one space-separated title.
     return args[0].split() if len(args) == 1 else args
-
-
-def _ppid(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat[stat.rfind(")") + 2 :].split()[1])
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -138,11 +126,11 @@ class LocalExecutor:
         tmp.write_text(json.dumps(data))
         tmp.replace(self.state)
 
-    def demo_spec(self, spec: JobSpec) -> DemoSpec:
+    def launch_spec(self, spec: JobSpec) -> LaunchSpec:
         """The demo launch settings of ``spec.job`` with the machines of ``spec``."""
         path = self.cluster / "jobs" / f"{spec.job}.json"
         try:
-            demo = DemoSpec.from_json(path.read_text())
+            demo = LaunchSpec.from_json(path.read_text())
         except (OSError, ValueError) as exc:
             raise PermanentError(f"no launch settings for job {spec.job} at {path}: {exc}") from exc
         return replace(demo, machines=list(spec.topology.machines), resume=True)
@@ -150,11 +138,10 @@ class LocalExecutor:
     def _processes(self) -> list[tuple[int, list[str]]]:
         """(pid, argv) of every live process of this cluster: one pass over ``/proc``."""
         out = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                argv = _cmdline(int(entry.name))
-                if _flag(argv, "--cluster-dir") == str(self.cluster) and pid_alive(int(entry.name)):
-                    out.append((int(entry.name), argv))
+        for pid in LIVE.pids():
+            argv = _cmdline(pid)
+            if _flag(argv, "--cluster-dir") == str(self.cluster) and LIVE.alive(pid):
+                out.append((pid, argv))
         return out
 
     def _ranks(
@@ -173,7 +160,7 @@ class LocalExecutor:
             if mine and (machines is None or machine in machines):
                 pids.append(pid)
         # A rank's DataLoader worker is a fork with the same command line: not a rank of its own.
-        return [p for p in pids if _ppid(p) not in pids]
+        return [p for p in pids if LIVE.ppid(p) not in pids]
 
     def _activated_for(self, machine: str | None, pool: str | None) -> str | None:
         try:
@@ -198,9 +185,9 @@ class LocalExecutor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)  # each rank leads its group: its DataLoader worker goes too
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+            while time.monotonic() < deadline and any(LIVE.alive(p) for p in pids):
                 time.sleep(0.05)
-            if not any(pid_alive(p) for p in pids):
+            if not any(LIVE.alive(p) for p in pids):
                 return
 
     # -- the Executor protocol ----------------------------------------------------------------
@@ -224,7 +211,7 @@ class LocalExecutor:
             (d / "EVICTED").write_text(f"{spec.job} {ctx.decision_id}\n")
 
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
-        demo = self.demo_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
+        demo = self.launch_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
         state = self._load_state()
         names = []
         for _ in range(count):
@@ -255,7 +242,7 @@ class LocalExecutor:
         gen = state.get(f"gen:{spec.job}", 0) + 1
         state[f"gen:{spec.job}"] = gen
         self._save_state(state)
-        demo = self.demo_spec(spec)
+        demo = self.launch_spec(spec)
         demo = replace(demo, master_port=self.cfg.port_base + gen % self.cfg.port_span)
         # Persist what the job runs on before waking anyone: the demo and the next restart read it.
         (self.cluster / "jobs" / f"{spec.job}.json").write_text(demo.to_json())
@@ -302,7 +289,7 @@ class LocalExecutor:
 
 
 def _topology_of(cluster: Path, job: str) -> JobTopology:
-    return DemoSpec.from_json((cluster / "jobs" / f"{job}.json").read_text()).topology()
+    return LaunchSpec.from_json((cluster / "jobs" / f"{job}.json").read_text()).topology()
 
 
 def _diag_faults(cluster: Path, machines: list[str]) -> LocalFaults:

@@ -2,7 +2,7 @@
 
 .. code-block:: python
 
-    spec = JobSpec(job="j", cluster_dir="/tmp/c", tp=2, pp=2, dp=2, ranks_per_machine=2, steps=50)
+    spec = LaunchSpec(job="j", cluster_dir="/tmp/c", tp=2, pp=2, dp=2, ranks_per_machine=2, steps=50)
     with launch_job(spec) as h:      # 8 processes, one session (process group) each
         h.wait(timeout=120)          # {rank: exit code}; leaving the block stops them all
 
@@ -33,7 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from trainguard_demo.config import ClusterPaths, JobSpec, write_atomic
+from infra.proctable import LIVE
+from trainguard_demo.config import ClusterPaths, LaunchSpec, write_atomic
 
 
 @dataclass
@@ -58,7 +59,7 @@ class RankProcess:
 class JobHandle:
     """The processes :func:`launch_job` / :func:`launch_standby` started; stops them on ``__exit__``."""
 
-    spec: JobSpec | None
+    spec: LaunchSpec | None
     procs: list[RankProcess] = field(default_factory=list)
 
     def __enter__(self) -> JobHandle:
@@ -68,9 +69,6 @@ class JobHandle:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         stop_job(self, grace_s=2.0)
-
-    def on(self, machine: str) -> list[RankProcess]:
-        return [p for p in self.procs if p.machine == machine]
 
     def exit_codes(self) -> dict[int, int | None]:
         return {p.rank: p.poll() for p in self.procs}
@@ -106,7 +104,7 @@ def _spawn(argv: list[str], out: Path, err: Path, env: dict[str, str]) -> subpro
 
 
 def launch_job(
-    spec: JobSpec, machines: Iterable[str] | None = None, python: str = sys.executable
+    spec: LaunchSpec, machines: Iterable[str] | None = None, python: str = sys.executable
 ) -> JobHandle:
     """Start the ranks of ``spec`` on ``machines`` (default: all of the job's machines)."""
     names = spec.machine_names()
@@ -196,15 +194,6 @@ def new_pool(cluster_dir: str | os.PathLike[str], machine: str, slots: int, warm
     return pool
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, dead but not yet reaped by its parent, is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")  # a zombie is dead
-
-
 def ready_pools(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -> list[str]:
     """Pools of ``machine`` whose ``slots`` processes are all waiting (oldest first)."""
     paths = ClusterPaths(Path(cluster_dir))
@@ -222,7 +211,7 @@ def ready_pools(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -
             ]
         except (OSError, ValueError):
             continue
-        if all(s.get("status") == "standby" and pid_alive(int(s.get("pid", 0))) for s in status):
+        if all(s.get("status") == "standby" and LIVE.alive(int(s.get("pid", 0))) for s in status):
             ready.append(pool)
     return ready
 
@@ -232,7 +221,7 @@ def standby_ready(cluster_dir: str | os.PathLike[str], machine: str, slots: int)
     return bool(ready_pools(cluster_dir, machine, slots))
 
 
-def activate_standby(spec: JobSpec, machine: str, pool: str | None = None) -> str:
+def activate_standby(spec: LaunchSpec, machine: str, pool: str | None = None) -> str:
     """Wake a ready pool of ``machine`` (default: the oldest) into ``spec``; returns the pool."""
     if machine not in spec.machine_names():
         raise ValueError(f"{machine!r} is not a machine of the job spec: {spec.machine_names()}")
@@ -274,12 +263,7 @@ def stop_job(handle: JobHandle, grace_s: float = 5.0) -> dict[int, int | None]:
     return stop_processes(handle.procs, grace_s)
 
 
-def stop_machine(handle: JobHandle, machine: str, grace_s: float = 0.0) -> dict[int, int | None]:
-    """Stop the processes of one machine (an eviction: SIGKILL right away by default)."""
-    return stop_processes(handle.on(machine), grace_s)
-
-
-def read_progress(spec: JobSpec) -> dict[int, dict[str, Any]]:
+def read_progress(spec: LaunchSpec) -> dict[int, dict[str, Any]]:
     out = {}
     for rank in range(spec.world_size):
         path = spec.paths().progress(spec.machine_of_rank(rank), spec.job, rank)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard_demo.config import ClusterPaths, JobSpec, write_atomic
+from trainguard_demo.config import ClusterPaths, LaunchSpec, write_atomic
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class StandbyConfig:
     poll_s: float = 0.1
 
 
-def wait_for_activation(cfg: StandbyConfig) -> tuple[JobSpec, int]:
+def wait_for_activation(cfg: StandbyConfig) -> tuple[LaunchSpec, int]:
     """Block until the pool is activated; returns the job and this slot's rank."""
     paths = ClusterPaths(Path(cfg.cluster_dir))
     status = paths.pool(cfg.machine, cfg.pool) / f"slot-{cfg.slot}.json"
@@ -50,7 +50,7 @@ def wait_for_activation(cfg: StandbyConfig) -> tuple[JobSpec, int]:
     activation = paths.activation(cfg.machine, cfg.pool)
     while True:
         try:
-            spec = JobSpec.from_json(activation.read_text())
+            spec = LaunchSpec.from_json(activation.read_text())
             break
         except FileNotFoundError:
             time.sleep(cfg.poll_s)
@@ -62,7 +62,7 @@ def wait_for_activation(cfg: StandbyConfig) -> tuple[JobSpec, int]:
     return spec, rank
 
 
-def become_rank(spec: JobSpec, rank: int) -> None:
+def become_rank(spec: LaunchSpec, rank: int) -> None:
     """Take the identity of ``rank``: environment for code in this process, title for outsiders."""
     import setproctitle
 

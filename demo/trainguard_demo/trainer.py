@@ -2,7 +2,7 @@
 
 ``python -m trainguard_demo.trainer --cluster-dir D --job J --rank R --tp 2 --pp 2 --dp 2
 --ranks-per-machine 2 --machines m0,m1,m2,m3 --master-port 29600 --steps 100 [--resume]``
-(:meth:`JobSpec.to_argv` writes the full flag list; :mod:`.launcher` starts every rank).
+(:meth:`LaunchSpec.to_argv` writes the full flag list; :mod:`.launcher` starts every rank).
 
 Per step the rank polls its machine's faults and the code version (in-place hot update), runs the
 pipeline schedule, averages gradients over DP, clips by the global norm, steps AdamW (with
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from streams.reporter import Reporter
 from trainguard_demo.checkpoint import CheckpointWriter, latest_complete, load_shard, snapshot
 from trainguard_demo.codever import CodeWatcher
-from trainguard_demo.config import JobSpec, ModelConfig, write_atomic
+from trainguard_demo.config import LaunchSpec, ModelConfig, write_atomic
 from trainguard_demo.corpus import VOCAB
 from trainguard_demo.data import StepBatches, make_loader
 from trainguard_demo.faults import FaultPoller, hang_forever
@@ -55,7 +55,7 @@ OOM_MESSAGE = (
 class Progress:
     """The rank's per-step heartbeat file (atomically replaced, read by the demo's live view)."""
 
-    def __init__(self, spec: JobSpec, rank: int) -> None:
+    def __init__(self, spec: LaunchSpec, rank: int) -> None:
         self.path = spec.paths().progress(spec.machine_of_rank(rank), spec.job, rank)
         self.fields: dict[str, Any] = {
             "job": spec.job, "rank": rank, "machine": spec.machine_of_rank(rank), "pid": os.getpid(),
@@ -90,7 +90,7 @@ def _crash(rank: int, step: int, signame: str) -> None:
     raise RuntimeError(f"injected crash on rank {rank} at step {step}")
 
 
-def _resume(spec: JobSpec, rank: int, stage: GPTStage, optim: torch.optim.Optimizer) -> tuple[int, str]:
+def _resume(spec: LaunchSpec, rank: int, stage: GPTStage, optim: torch.optim.Optimizer) -> tuple[int, str]:
     """Load the latest step complete on every rank's view; (0, "") when there is none."""
     found = latest_complete(spec)
     # Ranks agree on the step (min over ranks), so a shard finishing mid-scan cannot split them.
@@ -131,7 +131,7 @@ def prewarm() -> None:
     torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
 
 
-def run_rank(spec: JobSpec, rank: int) -> int:
+def run_rank(spec: LaunchSpec, rank: int) -> int:
     """Train ``rank`` of ``spec`` to ``spec.steps``; returns 0 (errors raise)."""
     torch.set_num_threads(1)  # 8 ranks share 2 cores: intra-op threads would only thrash
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: rendezvous over loopback
@@ -266,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def spec_from_args(a: argparse.Namespace) -> tuple[JobSpec, int]:
-    spec = JobSpec(
+def spec_from_args(a: argparse.Namespace) -> tuple[LaunchSpec, int]:
+    spec = LaunchSpec(
         job=a.job, cluster_dir=a.cluster_dir, tp=a.tp, pp=a.pp, dp=a.dp,
         ranks_per_machine=a.ranks_per_machine, machines=[m for m in a.machines.split(",") if m],
         steps=a.steps, master_addr=a.master_addr,

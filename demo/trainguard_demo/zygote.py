@@ -27,6 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
+from infra.proctable import LIVE
 from trainguard_demo.config import ClusterPaths, write_atomic
 
 
@@ -38,10 +39,9 @@ def zygote_pid(cluster_dir: str | os.PathLike[str], machine: str) -> int | None:
     """The pid of ``machine``'s zygote if one is running (starting or ready)."""
     try:
         pid = int(json.loads((_dir(cluster_dir, machine) / "pid.json").read_text())["pid"])
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError, KeyError):
         return None
-    return pid if b"trainguard_demo.zygote" in argv else None
+    return pid if "trainguard_demo.zygote" in LIVE.argv(pid) else None
 
 
 def request_pool(cluster_dir: str | os.PathLike[str], machine: str, slots: int) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from detectors.base import AnomalyDetector, clean_sample, finite_score
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 Z_CLIP = 1e6
 ADAM_BETAS = (0.9, 0.999)
@@ -32,25 +32,25 @@ ADAM_EPS = 1e-8
 class AutoencoderParams:
     """Parameters of :class:`Autoencoder`."""
 
-    window_size: int = field(default=512, metadata=rng(8, 1_000_000))
+    window_size: int = field(default=512, metadata=bounds(8, 1_000_000))
     """Number of most recent learned samples the network is trained on."""
-    refit_every: int = field(default=128, metadata=rng(1, 1_000_000))
+    refit_every: int = field(default=128, metadata=bounds(1, 1_000_000))
     """Train again after this many learned samples."""
-    warmup: int = field(default=64, metadata=rng(2, 1_000_000))
+    warmup: int = field(default=64, metadata=bounds(2, 1_000_000))
     """First training once this many samples were learned; scores are 0 before."""
-    hidden: int = field(default=16, metadata=rng(1, 4096))
+    hidden: int = field(default=16, metadata=bounds(1, 4096))
     """Width of the encoder and decoder hidden layers."""
-    code: int = field(default=2, metadata=rng(1, 4096))
+    code: int = field(default=2, metadata=bounds(1, 4096))
     """Width of the bottleneck; keep it below the number of features or it learns the identity."""
-    steps: int = field(default=40, metadata=rng(1, 100_000))
+    steps: int = field(default=40, metadata=bounds(1, 100_000))
     """Adam steps per training round."""
-    batch_size: int = field(default=64, metadata=rng(1, 100_000))
-    lr: float = field(default=0.01, metadata=rng(1e-6, 10.0))
-    min_std: float = field(default=1e-6, metadata=rng(1e-12, None))
+    batch_size: int = field(default=64, metadata=bounds(1, 100_000))
+    lr: float = field(default=0.01, metadata=bounds(1e-6, 10.0))
+    min_std: float = field(default=1e-6, metadata=bounds(1e-12, None))
     """Absolute floor of the per-feature standard deviation used to standardise."""
-    rel_min_std: float = field(default=0.01, metadata=rng(0.0, None))
+    rel_min_std: float = field(default=0.01, metadata=bounds(0.0, None))
     """Floor of the standard deviation relative to ``|mean|`` (constant metrics)."""
-    seed: int = field(default=0, metadata=rng(0, 2**31 - 1))
+    seed: int = field(default=0, metadata=bounds(0, 2**31 - 1))
 
 
 def _init_layers(sizes: list[int], gen: np.random.Generator) -> list[np.ndarray]:

@@ -13,23 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.base import AnomalyDetector, clean_sample, finite_score
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)
 class EWMAZScoreParams:
     """Parameters of :class:`EWMAZScore`."""
 
-    alpha: float = field(default=0.02, metadata=rng(1e-6, 1.0))
+    alpha: float = field(default=0.02, metadata=bounds(1e-6, 1.0))
     """Smoothing factor of the mean and variance; memory is about ``1 / alpha`` samples."""
-    warmup: int = field(default=10, metadata=rng(1, 1_000_000))
+    warmup: int = field(default=10, metadata=bounds(1, 1_000_000))
     """A feature scores 0 until it has been learned this many times."""
-    clip_z: float = field(default=6.0, metadata=rng(1.0, 1e6))
+    clip_z: float = field(default=6.0, metadata=bounds(1.0, 1e6))
     """Learned values are winsorised to ``mean +- clip_z * std`` so one spike cannot blow up
     the variance and mask the next one; level shifts are still absorbed within a few dozen samples."""
-    min_std: float = field(default=1e-6, metadata=rng(1e-12, None))
+    min_std: float = field(default=1e-6, metadata=bounds(1e-12, None))
     """Absolute floor of the standard deviation (constant series do not divide by zero)."""
-    rel_min_std: float = field(default=0.01, metadata=rng(0.0, None))
+    rel_min_std: float = field(default=0.01, metadata=bounds(0.0, None))
     """Floor of the standard deviation relative to ``|mean|``: a GPU pinned at exactly 65 C
     that reads 66 C once is not a 10^6-sigma event."""
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from detectors.base import AnomalyDetector, clean_sample, finite_score
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -93,16 +93,16 @@ class FlatForest:
 class WindowedIsolationForestParams:
     """Parameters of :class:`WindowedIsolationForest`."""
 
-    window_size: int = field(default=256, metadata=rng(8, 1_000_000))
+    window_size: int = field(default=256, metadata=bounds(8, 1_000_000))
     """Number of most recent learned samples the forest is fitted on."""
-    refit_every: int = field(default=128, metadata=rng(1, 1_000_000))
+    refit_every: int = field(default=128, metadata=bounds(1, 1_000_000))
     """Refit after this many learned samples (the amortisation period)."""
-    warmup: int = field(default=32, metadata=rng(2, 1_000_000))
+    warmup: int = field(default=32, metadata=bounds(2, 1_000_000))
     """First fit once this many samples were learned; scores are 0 before."""
-    n_estimators: int = field(default=50, metadata=rng(1, 10_000))
-    max_samples: int = field(default=128, metadata=rng(2, 1_000_000))
+    n_estimators: int = field(default=50, metadata=bounds(1, 10_000))
+    max_samples: int = field(default=128, metadata=bounds(2, 1_000_000))
     """Subsample size per tree (capped by the window length)."""
-    seed: int = field(default=0, metadata=rng(0, 2**31 - 1))
+    seed: int = field(default=0, metadata=bounds(0, 2**31 - 1))
 
 
 class WindowedIsolationForest(AnomalyDetector):

@@ -22,7 +22,7 @@ all-reduce, blocked send), so this module uses the parallel structure instead of
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from detectors.stacks.config import OverEvictionConfig
 from detectors.stacks.loader import Round
@@ -52,25 +52,25 @@ class RankState:
 
 def rank_states(round_: Round, world_size: int, reader: StackReader) -> list[RankState]:
     """One state per rank ``0..world_size-1``; ranks without a main dump are missing."""
-    extra = sorted(r for r in round_ if r >= world_size)
+    extra = sorted(rank for rank in round_ if rank >= world_size)
     if extra:
         raise ValueError(f"dumps for rank(s) {extra[:5]} but the topology has only {world_size} ranks")
-    out = []
-    for r in range(world_size):
-        rd = round_.get(r)
-        if rd is None:
-            out.append(RankState(r, None))
+    states = []
+    for rank in range(world_size):
+        dumps = round_.get(rank)
+        if dumps is None:
+            states.append(RankState(rank, None))
             continue
         main = None
-        if rd.main is not None:
-            thread = rd.main.main_thread()
+        if dumps.main is not None:
+            thread = dumps.main.main_thread()
             main = reader.read(thread.frames if thread else ())
-        kids = []
-        for child in rd.children:
+        children = []
+        for child in dumps.children:
             thread = child.main_thread()
-            kids.append(reader.read_child(child.pid, thread.frames if thread else ()))
-        out.append(RankState(r, main, tuple(kids)))
-    return out
+            children.append(reader.read_child(child.pid, thread.frames if thread else ()))
+        states.append(RankState(rank, main, tuple(children)))
+    return states
 
 
 @dataclass(frozen=True)
@@ -93,226 +93,348 @@ class _Layout:
     """Group ids and pipeline neighbours by stride arithmetic (fast for 10^4 ranks)."""
 
     def __init__(self, topo: JobTopology) -> None:
-        self.size: dict[str, int] = {d: topo.size(d) for d in DIMS}
+        self.world_size = topo.world_size
+        self.size: dict[str, int] = {dim: topo.size(dim) for dim in DIMS}
         self.stride: dict[str, int] = {}
         step = 1
-        for d in topo.order.split("-"):
-            self.stride[d] = step
-            step *= self.size[d]
+        for dim in topo.order.split("-"):
+            self.stride[dim] = step
+            step *= self.size[dim]
 
     def coord(self, kind: str, rank: int) -> int:
         return (rank // self.stride[kind]) % self.size[kind]
 
-    def gid(self, kind: str, rank: int) -> int:
+    def group_id(self, kind: str, rank: int) -> int:
         """The group's first rank: ``rank`` with its ``kind`` coordinate set to 0."""
         return rank - self.coord(kind, rank) * self.stride[kind]
 
-    def members(self, kind: str, gid: int) -> range:
-        st = self.stride[kind]
-        return range(gid, gid + self.size[kind] * st, st)
+    def members(self, kind: str, group_id: int) -> range:
+        stride = self.stride[kind]
+        return range(group_id, group_id + self.size[kind] * stride, stride)
 
     def neighbour(self, rank: int, step: int) -> int:
         # Pipelines are rings in Megatron's P2P helpers (interleaved schedules wrap around).
-        c, n, st = self.coord("pp", rank), self.size["pp"], self.stride["pp"]
-        return rank + ((c + step) % n - c) * st
+        stage, stages, stride = self.coord("pp", rank), self.size["pp"], self.stride["pp"]
+        return rank + ((stage + step) % stages - stage) * stride
 
 
-def _p2p_targets(lay: _Layout, rank: int, peer: str | None) -> list[int]:
-    n = lay.size["pp"]
-    c = lay.coord("pp", rank)
+def _p2p_targets(layout: _Layout, rank: int, peer: str | None) -> list[int]:
     if peer == "prev":
-        return [lay.neighbour(rank, -1)]
+        return [layout.neighbour(rank, -1)]
     if peer == "next":
-        return [lay.neighbour(rank, +1)]
+        return [layout.neighbour(rank, +1)]
     # Unknown direction: a first or last stage has a single neighbour, a middle stage two.
-    steps = ([+1] if c < n - 1 else []) + ([-1] if c > 0 else [])
-    return [lay.neighbour(rank, s) for s in steps]
+    stage, stages = layout.coord("pp", rank), layout.size["pp"]
+    steps = ([+1] if stage < stages - 1 else []) + ([-1] if stage > 0 else [])
+    return [layout.neighbour(rank, step) for step in steps]
 
 
-def _tarjan_sinks(out: list[list[int]]) -> list[list[int]]:
+def _tarjan_sinks(waits_on: list[list[int]]) -> list[list[int]]:
     """Strongly connected components with no edge leaving them (iterative Tarjan)."""
-    n = len(out)
-    index = [-1] * n
-    low = [0] * n
-    comp = [-1] * n
-    on_stack = [False] * n
+    count = len(waits_on)
+    index = [-1] * count
+    low = [0] * count
+    component_of = [-1] * count
+    on_stack = [False] * count
     stack: list[int] = []
-    comps: list[list[int]] = []
+    components: list[list[int]] = []
     counter = 0
-    for start in range(n):
+    for start in range(count):
         if index[start] != -1:
             continue
-        work = [(start, 0)]
+        work = [(start, 0)]  # (node, index of its next edge to follow)
         while work:
-            v, i = work.pop()
-            if i == 0:
-                index[v] = low[v] = counter
+            node, edge = work.pop()
+            if edge == 0:
+                index[node] = low[node] = counter
                 counter += 1
-                stack.append(v)
-                on_stack[v] = True
-            edges = out[v]
-            if i < len(edges):
-                work.append((v, i + 1))
-                w = edges[i]
-                if index[w] == -1:
-                    work.append((w, 0))
-                elif on_stack[w]:
-                    low[v] = min(low[v], index[w])
+                stack.append(node)
+                on_stack[node] = True
+            edges = waits_on[node]
+            if edge < len(edges):
+                work.append((node, edge + 1))
+                target = edges[edge]
+                if index[target] == -1:
+                    work.append((target, 0))
+                elif on_stack[target]:
+                    low[node] = min(low[node], index[target])
                 continue
-            if low[v] == index[v]:
+            if low[node] == index[node]:
                 members = []
                 while True:
-                    w = stack.pop()
-                    on_stack[w] = False
-                    comp[w] = len(comps)
-                    members.append(w)
-                    if w == v:
+                    member = stack.pop()
+                    on_stack[member] = False
+                    component_of[member] = len(components)
+                    members.append(member)
+                    if member == node:
                         break
-                comps.append(members)
+                components.append(members)
             if work:
                 parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-    return [c for c in comps if all(comp[w] == comp[c[0]] for v in c for w in out[v])]
+                low[parent] = min(low[parent], low[node])
+    return [
+        component
+        for component in components
+        if all(
+            component_of[target] == component_of[component[0]]
+            for node in component
+            for target in waits_on[node]
+        )
+    ]
+
+
+@dataclass(slots=True)
+class _WaitGraph:
+    """The wait-for graph of one round while it is being built."""
+
+    #: ``waits_on[rank]``: the ranks ``rank`` waits on (empty for ranks that wait on no one).
+    waits_on: list[list[int]]
+    #: Collectives whose frames do not say their group: rank -> {candidate kind: the members of
+    #: that group outside the rank's class}.
+    unhinted: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    #: rank -> the kinds whose whole group is in the rank's own collective class.
+    complete: dict[int, list[str]] = field(default_factory=dict)
 
 
 def analyze_round(states: list[RankState], topo: JobTopology, cfg: OverEvictionConfig) -> RoundAnalysis:
-    """Find the rank(s) this round's waiting ranks are blocked on."""
-    n = topo.world_size
-    lay = _Layout(topo)
-    kinds: list[str] = [k for k in DIMS if lay.size[k] > 1]
-    sig_id: dict[str, int] = {}
-    cls = [sig_id.setdefault(st.signature, len(sig_id)) for st in states]
+    """Find the rank(s) this round's waiting ranks are blocked on.
 
-    # uniform[k][gid] = the class every member of that group is in, or -1 when mixed.
-    uniform: dict[str, dict[int, int]] = {}
-    for k in kinds:
-        u: dict[int, int] = {}
-        for r in range(n):
-            g = lay.gid(k, r)
-            prev = u.get(g)
-            if prev is None:
-                u[g] = cls[r]
-            elif prev != cls[r]:
-                u[g] = -1
-        uniform[k] = u
-    missing_cache: dict[tuple[str, int, int], list[int]] = {}
+    The steps, in order:
 
-    def others(k: str, g: int, c: int) -> list[int]:
-        key = (k, g, c)
-        got = missing_cache.get(key)
-        if got is None:
-            got = missing_cache[key] = [m for m in lay.members(k, g) if cls[m] != c]
-        return got
+    1. :func:`_signature_classes`: number the stack classes; ``class_of[rank]`` is the rank's.
+    2. :func:`_group_classes`: per kind and group, the class all its members share, if any.
+    3. :func:`_direct_waits`: the edges the frames give -- a P2P op to its pipeline neighbour(s),
+       a collective to the members of its group (or of every candidate group) outside its class.
+    4. :func:`_drop_kinds_waiting_on_the_rank`: an unhinted collective keeps only the candidate
+       kinds whose absent members do not themselves wait on it.
+    5. :func:`_wait_inside_stuck_collectives`: a collective with no edge left whose whole group
+       is in it waits on the rest of that group.
+    6. :func:`_candidate_roots`: the sink components of the graph (busy TP peers merged, sinks
+       of missing ranks only dropped unless missing ranks are suspects).
+    7. :func:`_most_waited_on`: the sink(s) the most ranks reach, and how many ranks reach them.
+    8. :func:`_is_confident`: whether that root is trusted (reach and size thresholds, and busy
+       roots in one DP replica); no one waiting on anyone gives the verdict ``none``.
+    """
+    layout = _Layout(topo)
+    kinds: list[str] = [kind for kind in DIMS if layout.size[kind] > 1]
+    class_of = _signature_classes(states)
+    group_class = _group_classes(layout, kinds, class_of)
+    graph = _direct_waits(states, layout, kinds, class_of, group_class)
+    _drop_kinds_waiting_on_the_rank(graph, class_of)
+    _wait_inside_stuck_collectives(graph, layout)
+    sinks = _candidate_roots(graph.waits_on, states, layout, cfg)
+    roots, reach = _most_waited_on(sinks, graph.waits_on)
+    classes = _classes(class_of, states)
+    world_size = layout.world_size
+    if not roots or reach <= len(roots):
+        # Nobody waits on anybody: every rank is busy on its own (or alone).
+        return RoundAnalysis((), 0, world_size, "none", classes, False)
+    confident = _is_confident(roots, reach, states, layout, cfg)
+    return RoundAnalysis(roots, reach, world_size, _cause(roots, states), classes, confident)
 
-    out: list[list[int]] = [[] for _ in range(n)]
-    # Collectives whose frames do not say their group: per rank, kind -> members not in it yet.
-    unhinted: dict[int, dict[str, list[int]]] = {}
-    complete: dict[int, list[str]] = {}
-    for st in states:
-        info = st.main
+
+def _signature_classes(states: list[RankState]) -> list[int]:
+    """Each rank's class id: ranks with the same stack signature share one, numbered in rank order."""
+    class_ids: dict[str, int] = {}
+    return [class_ids.setdefault(state.signature, len(class_ids)) for state in states]
+
+
+def _group_classes(layout: _Layout, kinds: list[str], class_of: list[int]) -> dict[str, dict[int, int]]:
+    """``group_class[kind][group_id]``: the class every member of that group is in, or -1 when mixed."""
+    group_class: dict[str, dict[int, int]] = {}
+    for kind in kinds:
+        by_group: dict[int, int] = {}
+        for rank in range(layout.world_size):
+            group = layout.group_id(kind, rank)
+            seen = by_group.get(group)
+            if seen is None:
+                by_group[group] = class_of[rank]
+            elif seen != class_of[rank]:
+                by_group[group] = -1
+        group_class[kind] = by_group
+    return group_class
+
+
+def _direct_waits(
+    states: list[RankState],
+    layout: _Layout,
+    kinds: list[str],
+    class_of: list[int],
+    group_class: dict[str, dict[int, int]],
+) -> _WaitGraph:
+    """The wait-for edges the frames give, before unhinted collectives are narrowed down.
+
+    A P2P op waits on its pipeline neighbour(s).  A collective waits on the members of its
+    group that are not in its class; when its frames do not name the group, on those of every
+    kind whose group is incomplete (recorded in ``unhinted`` for step 4).  A kind whose whole
+    group is in the rank's class is recorded in ``complete`` (step 5).
+    """
+    graph = _WaitGraph([[] for _ in range(layout.world_size)])
+    outside_cache: dict[tuple[str, int, int], list[int]] = {}
+
+    def members_outside(kind: str, group: int, class_id: int) -> list[int]:
+        key = (kind, group, class_id)
+        members = outside_cache.get(key)
+        if members is None:
+            members = outside_cache[key] = [
+                member for member in layout.members(kind, group) if class_of[member] != class_id
+            ]
+        return members
+
+    pipelined = layout.size["pp"] > 1
+    for state in states:
+        info = state.main
         if info is None or info.role not in WAITING_ROLES:
             continue
-        r = st.rank
-        if info.role == Role.P2P and lay.size["pp"] > 1:
-            out[r] = [t for t in _p2p_targets(lay, r, info.peer) if t != r]
+        rank = state.rank
+        if info.role == Role.P2P and pipelined:
+            graph.waits_on[rank] = [
+                target for target in _p2p_targets(layout, rank, info.peer) if target != rank
+            ]
             continue
-        hinted = info.kind is not None and info.kind in kinds
-        per_kind: dict[str, list[int]] = {}
-        for k in [info.kind] if info.kind is not None and hinted else kinds:
-            g = lay.gid(k, r)
-            if uniform[k][g] == cls[r]:
-                complete.setdefault(r, []).append(k)
+        hinted_kind = info.kind if info.kind in kinds else None
+        absent_by_kind: dict[str, list[int]] = {}
+        for kind in [hinted_kind] if hinted_kind is not None else kinds:
+            group = layout.group_id(kind, rank)
+            if group_class[kind][group] == class_of[rank]:
+                graph.complete.setdefault(rank, []).append(kind)
             else:
-                per_kind[k] = others(k, g, cls[r])
-        if not hinted:
-            unhinted[r] = per_kind
-        out[r] = [m for ms in per_kind.values() for m in ms]
-    size = Counter(cls)
-    prelim = {r: set(out[r]) for r in unhinted}
-    for r, per_kind in unhinted.items():
-        # A kind whose absent members wait on this very rank cannot be the collective's group:
-        # in a well-formed program they would be inside it, not blocked on it.  An absent
-        # member counts when its own wait is certain (P2P, or a collective whose frames name
-        # its group), or when it is an unhinted collective of a bigger class (the crowd is in
-        # the group's collective; the odd one out is in another).  Fig. 7: the last stage's
-        # all-gather is not DP (its DP peers wait on it) nor PP (the previous stage's send waits
-        # on it), so it is TP, stuck in itself.
-        def waits_on_r(m: int, r: int = r) -> bool:
-            if m in prelim:
-                return r in prelim[m] and size[cls[m]] > size[cls[r]]
-            return r in out[m]
+                absent_by_kind[kind] = members_outside(kind, group, class_of[rank])
+        if hinted_kind is None:
+            graph.unhinted[rank] = absent_by_kind
+        graph.waits_on[rank] = [member for members in absent_by_kind.values() for member in members]
+    return graph
 
-        kept = [ms for ms in per_kind.values() if not any(waits_on_r(m) for m in ms)]
-        if kept or not complete.get(r):
-            out[r] = [m for ms in (kept or per_kind.values()) for m in ms]
+
+def _drop_kinds_waiting_on_the_rank(graph: _WaitGraph, class_of: list[int]) -> None:
+    """Narrow each unhinted collective's edges to the kinds that can be its group.
+
+    A kind whose absent members wait on this very rank cannot be the collective's group: in a
+    well-formed program they would be inside it, not blocked on it.  An absent member counts
+    when its own wait is certain (P2P, or a collective whose frames name its group), or when it
+    is an unhinted collective of a bigger class (the crowd is in the group's collective; the odd
+    one out is in another).  Fig. 7: the last stage's all-gather is not DP (its DP peers wait on
+    it) nor PP (the previous stage's send waits on it), so it is TP, stuck in itself.  When no
+    kind is left, the rank keeps every candidate, unless some group is complete (step 5).
+    """
+    waits_on = graph.waits_on
+    class_size = Counter(class_of)
+    first_guess = {rank: set(waits_on[rank]) for rank in graph.unhinted}
+
+    def member_waits_on(member: int, rank: int) -> bool:
+        if member in first_guess:
+            return rank in first_guess[member] and class_size[class_of[member]] > class_size[class_of[rank]]
+        return rank in waits_on[member]
+
+    for rank, absent_by_kind in graph.unhinted.items():
+        kept = [
+            members
+            for members in absent_by_kind.values()
+            if not any(member_waits_on(member, rank) for member in members)
+        ]
+        if kept or not graph.complete.get(rank):
+            waits_on[rank] = [member for members in (kept or absent_by_kind.values()) for member in members]
         else:
-            out[r] = []
-    for r, kinds_done in complete.items():
-        if not out[r]:
-            # Every member of its group is in this same collective: it is stuck in itself.
-            out[r] = [m for k in kinds_done for m in lay.members(k, lay.gid(k, r)) if m != r]
+            waits_on[rank] = []
 
-    sinks = _merge_busy_tp(_tarjan_sinks(out), states, lay)
+
+def _wait_inside_stuck_collectives(graph: _WaitGraph, layout: _Layout) -> None:
+    """A collective left waiting on no one, with every member of its group inside it, is stuck
+    in itself: its members wait on each other."""
+    for rank, complete_kinds in graph.complete.items():
+        if not graph.waits_on[rank]:
+            graph.waits_on[rank] = [
+                member
+                for kind in complete_kinds
+                for member in layout.members(kind, layout.group_id(kind, rank))
+                if member != rank
+            ]
+
+
+def _candidate_roots(
+    waits_on: list[list[int]], states: list[RankState], layout: _Layout, cfg: OverEvictionConfig
+) -> list[list[int]]:
+    """The sink components of the wait-for graph: the groups of ranks that wait on no one else."""
+    sinks = _merge_busy_tp(_tarjan_sinks(waits_on), states, layout)
     if not cfg.missing_ranks_are_suspects:
-        sinks = [sk for sk in sinks if any(states[v].main is not None for v in sk)]
-    rev: list[list[int]] = [[] for _ in range(n)]
-    for v, ts in enumerate(out):
-        for t in ts:
-            rev[t].append(v)
-    best: list[list[int]] = []
-    best_seen: set[int] = set()
-    best_reach = 0
-    for sink in sinks:
-        seen: set[int] = set(sink)
-        todo: list[int] = list(sink)
-        while todo:
-            v = todo.pop()
-            for w in rev[v]:
-                if w not in seen:
-                    seen.add(w)
-                    todo.append(w)
-        if len(seen) > best_reach:
-            best, best_seen, best_reach = [sink], seen, len(seen)
-        elif len(seen) == best_reach:
-            # Equally waited-on sinks (e.g. every rank of a dead machine) are roots together.
-            best.append(sink)
-            best_seen = best_seen | seen
-    roots = tuple(sorted(v for s in best for v in s))
-    best_reach = len(best_seen)
-    classes = _classes(cls, states)
-    if not roots or best_reach <= len(roots):
-        # Nobody waits on anybody: every rank is busy on its own (or alone).
-        return RoundAnalysis((), 0, n, "none", classes, False)
-    confident = best_reach >= cfg.min_reach_fraction * n and len(roots) <= cfg.max_root_fraction * n
-    if confident and lay.size["dp"] > 1 and any(states[r].role not in WAITING_ROLES for r in roots):
-        # Busy roots in different DP replicas are ordinary overlap (a pipeline stage computing in
-        # every replica at once), not one fault: a faulty rank holds up its own replica while
-        # the other replicas finish and wait for it in the DP collective.
-        confident = len({lay.coord("dp", r) for r in roots}) == 1
-    return RoundAnalysis(roots, best_reach, n, _cause(roots, states), classes, confident)
+        sinks = [sink for sink in sinks if any(states[rank].main is not None for rank in sink)]
+    return sinks
 
 
-def _merge_busy_tp(sinks: list[list[int]], states: list[RankState], lay: _Layout) -> list[list[int]]:
+def _merge_busy_tp(sinks: list[list[int]], states: list[RankState], layout: _Layout) -> list[list[int]]:
     """Busy (or missing) single ranks of one TP group form one sink.
 
     Tensor-parallel ranks run the same layer in lockstep: while one of them is slow its peers
     are busy in the same layer too, and which of them the job seems to wait on is a matter of
     sampling instants.  Counting them as one unit keeps the reach of a slow TP group whole.
     """
-    if lay.size["tp"] == 1:
+    if layout.size["tp"] == 1:
         return sinks
     merged: dict[int, list[int]] = {}
-    out = []
+    kept = []
     for sink in sinks:
         if len(sink) == 1 and states[sink[0]].role not in WAITING_ROLES:
-            merged.setdefault(lay.gid("tp", sink[0]), []).extend(sink)
+            merged.setdefault(layout.group_id("tp", sink[0]), []).extend(sink)
         else:
-            out.append(sink)
-    return out + list(merged.values())
+            kept.append(sink)
+    return kept + list(merged.values())
+
+
+def _most_waited_on(sinks: list[list[int]], waits_on: list[list[int]]) -> tuple[tuple[int, ...], int]:
+    """The roots -- the sink(s) that the most ranks reach -- and how many ranks reach them.
+
+    Equally waited-on sinks (e.g. every rank of a dead machine) are roots together.
+    """
+    waited_on_by: list[list[int]] = [[] for _ in waits_on]
+    for rank, targets in enumerate(waits_on):
+        for target in targets:
+            waited_on_by[target].append(rank)
+    best: list[list[int]] = []
+    best_reached: set[int] = set()
+    best_reach = 0
+    for sink in sinks:
+        reached = _ranks_waiting_on(sink, waited_on_by)
+        if len(reached) > best_reach:
+            best, best_reached, best_reach = [sink], reached, len(reached)
+        elif len(reached) == best_reach:
+            best.append(sink)
+            best_reached = best_reached | reached
+    roots = tuple(sorted(rank for sink in best for rank in sink))
+    return roots, len(best_reached)
+
+
+def _ranks_waiting_on(sink: list[int], waited_on_by: list[list[int]]) -> set[int]:
+    """The sink's ranks and every rank that waits on them, directly or transitively."""
+    reached: set[int] = set(sink)
+    todo: list[int] = list(sink)
+    while todo:
+        rank = todo.pop()
+        for waiter in waited_on_by[rank]:
+            if waiter not in reached:
+                reached.add(waiter)
+                todo.append(waiter)
+    return reached
+
+
+def _is_confident(
+    roots: tuple[int, ...], reach: int, states: list[RankState], layout: _Layout, cfg: OverEvictionConfig
+) -> bool:
+    """Enough of the job waits on the roots, there are few enough of them, and busy roots lie in
+    one DP replica."""
+    world_size = layout.world_size
+    confident = (
+        reach >= cfg.min_reach_fraction * world_size and len(roots) <= cfg.max_root_fraction * world_size
+    )
+    if confident and layout.size["dp"] > 1 and any(states[rank].role not in WAITING_ROLES for rank in roots):
+        # Busy roots in different DP replicas are ordinary overlap (a pipeline stage computing in
+        # every replica at once), not one fault: a faulty rank holds up its own replica while
+        # the other replicas finish and wait for it in the DP collective.
+        confident = len({layout.coord("dp", rank) for rank in roots}) == 1
+    return confident
 
 
 def _cause(roots: tuple[int, ...], states: list[RankState]) -> str:
-    roles = {states[r].role for r in roots}
+    roles = {states[rank].role for rank in roots}
     if roles == {Role.MISSING}:
         return "missing"
     if roles - WAITING_ROLES - {Role.MISSING}:
@@ -322,10 +444,11 @@ def _cause(roots: tuple[int, ...], states: list[RankState]) -> str:
     return "stuck-collective"
 
 
-def _classes(cls: list[int], states: list[RankState]) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    by: dict[int, list[int]] = {}
-    for r, c in enumerate(cls):
-        by.setdefault(c, []).append(r)
-    items = [(states[rs[0]].signature, tuple(rs)) for rs in by.values()]
-    items.sort(key=lambda it: (-len(it[1]), it[1][0]))
+def _classes(class_of: list[int], states: list[RankState]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(signature, ranks) per class, the biggest first (ties: the class of the lowest rank first)."""
+    ranks_by_class: dict[int, list[int]] = {}
+    for rank, class_id in enumerate(class_of):
+        ranks_by_class.setdefault(class_id, []).append(rank)
+    items = [(states[ranks[0]].signature, tuple(ranks)) for ranks in ranks_by_class.values()]
+    items.sort(key=lambda item: (-len(item[1]), item[1][0]))
     return tuple(items)

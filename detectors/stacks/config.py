@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 _KINDS = ("tp", "dp", "pp")
 
@@ -20,21 +20,21 @@ class OverEvictionConfig:
     #: A root is only accepted when at least this fraction of the job waits on it (directly or
     #: through other waiting ranks).  In a real hang nearly every rank does; in a healthy
     #: snapshot waits are short and point at many different busy ranks.
-    min_reach_fraction: float = field(default=0.5, metadata=rng(0.0, 1.0))
+    min_reach_fraction: float = field(default=0.5, metadata=bounds(0.0, 1.0))
     #: A root set larger than this fraction of the job localises nothing (e.g. every rank in
     #: the same collective): report it as no suspect instead of evicting half the job.
-    max_root_fraction: float = field(default=0.5, metadata=rng(0.0, 1.0))
+    max_root_fraction: float = field(default=0.5, metadata=bounds(0.0, 1.0))
     #: Fail-slow: rounds to vote over (the most recent ones are used).  ByteRobust uses 5.
-    fail_slow_rounds: int = field(default=5, metadata=rng(1, 10_000))
+    fail_slow_rounds: int = field(default=5, metadata=bounds(1, 10_000))
     #: Seconds between fail-slow rounds in production (ByteRobust: 10 s); informs the capture
     #: side, the analysis itself only sees the rounds it is given.
-    fail_slow_interval_s: float = field(default=10.0, metadata=rng(0.0, 3600.0))
+    fail_slow_interval_s: float = field(default=10.0, metadata=bounds(0.0, 3600.0))
     #: The winning group must be flagged in at least this fraction of the rounds voted over, so
     #: that a healthy job, whose momentary stragglers differ per round, is not evicted.
-    min_vote_fraction: float = field(default=0.6, metadata=rng(0.0, 1.0))
+    min_vote_fraction: float = field(default=0.6, metadata=bounds(0.0, 1.0))
     #: Several rounds are a hang (not fail-slow) when at most this fraction of ranks (but at
     #: least one rank) changed stack between rounds: the job made no progress.
-    hang_max_changed_fraction: float = field(default=0.1, metadata=rng(0.0, 1.0))
+    hang_max_changed_fraction: float = field(default=0.1, metadata=bounds(0.0, 1.0))
     #: Group kinds in eviction order: the first kind with one group holding every root wins.
     #: PP first follows ByteRobust's production unit (whole pipelines, §9).
     evict_preference: tuple[str, ...] = ("pp", "tp", "dp")
@@ -42,7 +42,7 @@ class OverEvictionConfig:
     #: py-spy cannot attach).  False: it is ignored and nothing waiting on it is explained.
     missing_ranks_are_suspects: bool = True
     #: Frames per stack class kept in the evidence (innermost first).
-    evidence_frames: int = field(default=8, metadata=rng(1, 1000))
+    evidence_frames: int = field(default=8, metadata=bounds(1, 1000))
     #: When a process was dumped in both formats, which one the analysis reads.
     prefer_format: str = "json"
 

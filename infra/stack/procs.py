@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.proctable import LIVE
+
 
 class StackError(RuntimeError):
     """A clear, user-facing problem with the local stack (no traceback needed)."""
@@ -26,13 +28,6 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -51,12 +46,12 @@ class ManagedProcess:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if _is_zombie(pid):
+        if not LIVE.alive(pid):  # gone, or a zombie
             self.pid_file.unlink(missing_ok=True)
             return None
-        cmd = _cmdline(pid)
+        cmd = LIVE.cmdline(pid)
         # An empty cmdline is transient (the process is mid-exec): not proof of a stale pid.
-        if cmd == "" and Path(f"/proc/{pid}").exists():
+        if cmd == "" and LIVE.exists(pid):
             return pid
         if self.marker in cmd:
             return pid
@@ -105,16 +100,8 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
 def _alive(pid: int) -> bool:
-    if _is_zombie(pid):
+    if not LIVE.alive(pid):
         with contextlib.suppress(ChildProcessError):  # reap it if it is our child (tests start servers)
             os.waitpid(pid, os.WNOHANG)
         return False

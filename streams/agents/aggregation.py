@@ -15,62 +15,52 @@ import asyncio
 import logging
 from typing import Any
 
-from detectors.capture import Captures
+from detectors.routing import AGGREGATION, CAPTURE_TICK_S, INPUTS, DetectionPath
 from schemas.base import Event, now_ms
-from schemas.control import Decision, Detection
-from schemas.enums import Action
-from schemas.topics import COMMANDS, DECISIONS, STACKS
+from schemas.control import Command, Decision
 from schemas.workload import StackDump
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
 
-NAME = "aggregation"
+NAME = AGGREGATION
 log = logging.getLogger(__name__)
 
 
-def register(ctx: WorkerContext, jobs: JobDirectory) -> Captures:
-    captures = Captures(ctx.cfg.aggregation)
-
+def register(ctx: WorkerContext, path: DetectionPath, jobs: JobDirectory) -> None:
     async def start_capture(dec: Decision) -> None:
-        captures.config = ctx.cfg.aggregation  # runtime threshold changes
         now = now_ms()
-        if not captures.wants(dec.job, now):
+        if not path.wants_capture(dec, now):
             return
         spec = await jobs.spec(dec.job)
-        started = captures.start(dec, spec.topology if spec is not None else None, now)
-        if isinstance(started, Detection):
-            await ctx.emit(started)
-            return
-        for cmd in captures.commands(started):
-            await ctx.emit(cmd, COMMANDS)
-        log.info(
-            "capture %s requested from %d machines of %s",
-            started.capture_id,
-            len(started.topology.machines),
-            dec.job,
-        )
+        out = path.start_capture(dec, spec.topology if spec is not None else None, now)
+        for ev in out:
+            await ctx.emit(ev)
+        commands = [c for c in out if isinstance(c, Command)]
+        if commands:
+            log.info(
+                "capture %s requested from %d machines of %s",
+                commands[0].args.get("capture_id"),
+                len(commands),
+                dec.job,
+            )
 
     async def body(ev: Event) -> None:
-        if isinstance(ev, Decision) and ev.action is Action.AGGREGATE:
+        if isinstance(ev, Decision):
             await start_capture(ev)
         elif isinstance(ev, StackDump):
-            captures.add(ev)
+            path.add_dump(ev)
 
-    @ctx.app.agent(ctx.faust_topics(DECISIONS, STACKS), name=NAME)
+    @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def aggregation(stream: Any) -> None:
         async for event in stream.events():
             await ctx.guard(event, NAME, body)
 
-    @ctx.app.timer(1.0)
+    @ctx.app.timer(CAPTURE_TICK_S)
     async def close_captures() -> None:
         now = now_ms()
-        for cap in captures.due(now):
-            try:
-                det = await asyncio.get_running_loop().run_in_executor(None, cap.analyze, now)
-            except Exception as exc:  # a bad capture must not stop the agent
-                log.exception("over-eviction analysis of %s failed", cap.capture_id)
-                det = cap.failed(str(exc), now)
+        for cap in path.due_captures(now):
+            det = await asyncio.get_running_loop().run_in_executor(None, path.analyze, cap, now)
+            if det.kind == "aggregation_failed":
+                log.error("over-eviction analysis of %s failed: %s", cap.capture_id, det.evidence["error"])
             await ctx.emit(det)
             ctx.metrics.detections.labels(NAME).inc()
-
-    return captures

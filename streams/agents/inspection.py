@@ -8,25 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.node_inspector import NodeInspector
+from detectors.routing import INPUTS, INSPECTION, DetectionPath
 from schemas.base import Event, now_ms
-from schemas.topics import GPU, HOST, LOGS, NIC
 from streams.context import WorkerContext
 
-NAME = "inspection"
+NAME = INSPECTION
 
 
-def register(ctx: WorkerContext) -> NodeInspector:
-    inspector = NodeInspector(host=ctx.cfg.host)
-
+def register(ctx: WorkerContext, path: DetectionPath) -> None:
     async def body(ev: Event) -> None:
-        for det in inspector.inspect(ev, now_ms()):
+        for det in path.findings(NAME, ev, now_ms()):
             await ctx.emit(det)
             ctx.metrics.detections.labels(NAME).inc()
 
-    @ctx.app.agent(ctx.faust_topics(GPU, NIC, HOST, LOGS), name=NAME)
+    @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def inspection(stream: Any) -> None:
         async for event in stream.events():
             await ctx.guard(event, NAME, body)
-
-    return inspector

@@ -10,30 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.job_monitor import JobMonitor
+from detectors.routing import INPUTS, TRAINING, DetectionPath
 from detectors.windows import StreamClock
 from schemas.base import Event, now_ms
-from schemas.topics import EXITS, STEPS
-from schemas.workload import ProcessExit, TrainingStep
+from schemas.topics import STEPS
+from schemas.workload import TrainingStep
 from streams.context import WorkerContext
 
-NAME = "training"
+NAME = TRAINING
 
 
-class Monitors:
-    """job -> JobMonitor, plus the partition each job's events come from."""
+class Ownership:
+    """Which jobs this worker owns (the steps partition each job's events come from)."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
-        self.by_job: dict[str, JobMonitor] = {}
         self.partition: dict[str, int] = {}
-        #: stall checks use the stream's time, so a lagging worker does not see every job stall.
-        self.clock = StreamClock(idle_s=1.0)
-
-    def get(self, job: str) -> JobMonitor:
-        if job not in self.by_job:
-            self.by_job[job] = JobMonitor(job, self.ctx.cfg.monitor)
-        return self.by_job[job]
 
     def owned(self, job: str) -> bool:
         try:
@@ -43,46 +35,30 @@ class Monitors:
         part = self.partition.get(job)
         return part is None or (STEPS.name, part) in assigned
 
-    def reconfigure(self) -> None:
-        """Apply a changed ``monitor`` config to every job (state is kept where it can be)."""
-        for m in self.by_job.values():
-            m.config = self.ctx.cfg.monitor
-            m.spike.config, m.stall.config = m.config.spike, m.config.stall
-            m.straggler.config, m.mfu.config = m.config.straggler, m.config.mfu
 
-
-def register(ctx: WorkerContext) -> Monitors:
-    monitors = Monitors(ctx)
+def register(ctx: WorkerContext, path: DetectionPath) -> None:
+    ownership = Ownership(ctx)
+    #: stall checks use the stream's time, so a lagging worker does not see every job stall.
+    clock = StreamClock(idle_s=1.0)
 
     async def body(ev: Event) -> None:
+        now = now_ms()
         if isinstance(ev, TrainingStep):
-            monitors.clock.observe(ev.ts_ms, now_ms())
-            dets = monitors.get(ev.job).on_step(ev, now_ms())
-        elif isinstance(ev, ProcessExit):
-            dets = monitors.get(ev.job).on_exit(ev, now_ms()) if ev.job else []
-        else:
-            dets = []
-        for det in dets:
+            clock.observe(ev.ts_ms, now)
+        for det in path.findings(NAME, ev, now):
             await ctx.emit(det)
             ctx.metrics.detections.labels(NAME).inc()
 
-    @ctx.app.agent(ctx.faust_topics(STEPS, EXITS), name=NAME)
+    @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def training(stream: Any) -> None:
         async for event in stream.events():
             if event.message.topic == STEPS.name and isinstance(event.key, bytes):
-                monitors.partition[event.key.decode(errors="replace")] = event.message.partition
+                ownership.partition[event.key.decode(errors="replace")] = event.message.partition
             await ctx.guard(event, NAME, body)
 
     @ctx.app.timer(ctx.cfg.check_interval_s)
     async def check_jobs() -> None:
         now = now_ms()
-        stream_now = monitors.clock.now(now)
-        for job in list(monitors.by_job):
-            if not monitors.owned(job):
-                del monitors.by_job[job]
-                continue
-            for det in monitors.by_job[job].check(now, stream_now):
-                await ctx.emit(det)
-                ctx.metrics.detections.labels(NAME).inc()
-
-    return monitors
+        for det in path.check(now, clock.now(now), keep=ownership.owned):
+            await ctx.emit(det)
+            ctx.metrics.detections.labels(NAME).inc()

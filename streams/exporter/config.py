@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import load_config
-from schemas.typecheck import rng
+from schemas.typecheck import bounds
 
 ENV_PREFIX = "TRAINGUARD_EXPORTER"
-_INTERVAL = rng(0.01, 86_400)
+_INTERVAL = bounds(0.01, 86_400)
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class NvmlConfig:
     enabled: bool = True
     interval_s: float = field(default=10.0, metadata=_INTERVAL)
     #: GPUs this node should have; missing ones are reported ``unavailable`` (0 = trust NVML).
-    expect_gpus: int = field(default=0, metadata=rng(0, 1024))
+    expect_gpus: int = field(default=0, metadata=bounds(0, 1024))
     #: drain NVML's Xid event queue every round (needs a driver that exposes the event API).
     xid_events: bool = True
 
@@ -44,7 +44,7 @@ class KernelLogConfig:
     #: where to start without a saved position: "beginning" (boot ring buffer included) or "end".
     start_at: str = "beginning"
     #: most lines published per round (the rest follow next round; nothing is skipped).
-    max_lines_per_round: int = field(default=5000, metadata=rng(1, 10_000_000))
+    max_lines_per_round: int = field(default=5000, metadata=bounds(1, 10_000_000))
 
     def __post_init__(self) -> None:
         if self.start_at not in ("beginning", "end"):
@@ -123,7 +123,7 @@ class ReporterConfig:
     interval_s: float = field(default=0.5, metadata=_INTERVAL)
     socket: str = "/run/trainguard/reporter.sock"
     #: most events held between rounds (beyond: dropped and counted).
-    max_per_round: int = field(default=100_000, metadata=rng(1, 10_000_000))
+    max_per_round: int = field(default=100_000, metadata=bounds(1, 10_000_000))
 
 
 @dataclass(frozen=True)
@@ -131,28 +131,28 @@ class StacksConfig:
     """On-demand py-spy capture (the paper's On-Demand Tracer)."""
 
     py_spy: str = "py-spy"
-    timeout_s: float = field(default=20.0, metadata=rng(0.5, 600))
+    timeout_s: float = field(default=20.0, metadata=bounds(0.5, 600))
     #: C/C++ frames too (gloo/NCCL waits); slower.
     native: bool = False
     #: py-spy processes run at once (a node has ranks x (1 + workers) processes).
-    parallel: int = field(default=8, metadata=rng(1, 256))
-    max_rounds: int = field(default=100, metadata=rng(1, 10_000))
+    parallel: int = field(default=8, metadata=bounds(1, 256))
+    max_rounds: int = field(default=100, metadata=bounds(1, 10_000))
 
 
 @dataclass(frozen=True)
 class DeliveryConfig:
-    spool_max_bytes: int = field(default=256 * 1024 * 1024, metadata=rng(4096, 2**50))
-    spool_segment_bytes: int = field(default=1024 * 1024, metadata=rng(1024, 2**40))
-    linger_ms: int = field(default=50, metadata=rng(0, 60_000))
+    spool_max_bytes: int = field(default=256 * 1024 * 1024, metadata=bounds(4096, 2**50))
+    spool_segment_bytes: int = field(default=1024 * 1024, metadata=bounds(1024, 2**40))
+    linger_ms: int = field(default=50, metadata=bounds(0, 60_000))
     #: a record not acknowledged within this time is re-sent from the spool.
-    delivery_timeout_ms: int = field(default=30_000, metadata=rng(1000, 3_600_000))
+    delivery_timeout_ms: int = field(default=30_000, metadata=bounds(1000, 3_600_000))
 
 
 @dataclass(frozen=True)
 class CommandsConfig:
     enabled: bool = True
     #: older commands are ignored (a restarted exporter must not replay yesterday's capture).
-    max_age_s: float = field(default=300.0, metadata=rng(1, 86_400 * 30))
+    max_age_s: float = field(default=300.0, metadata=bounds(1, 86_400 * 30))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infra.backoff import Backoff
 from infra.bus import BusError, EventProducer
 from infra.config import KafkaConfig
 from schemas.base import Event, now_ms
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 #: how long one flush waits before the thread re-checks failed sends and the stop flag.
 FLUSH_WAIT_S = 1.0
 IDLE_WAIT_S = 0.1
+#: wait after a failed connect or delivery, doubling up to MAX_BACKOFF_S.
+INITIAL_BACKOFF_S = 0.2
 MAX_BACKOFF_S = 5.0
 
 
@@ -126,12 +129,12 @@ class Delivery:
         self.connected = False
 
     def _run(self) -> None:
-        backoff = 0.2
+        # One backoff for connecting and delivering: only a delivered segment resets it.
+        backoff = Backoff(initial_s=INITIAL_BACKOFF_S, max_s=MAX_BACKOFF_S)
         while not self._give_up():
             producer = self._connect()
             if producer is None:
-                self._stop.wait(backoff)
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                self._stop.wait(backoff.next_delay())
                 continue
             self.spool.seal()
             path = self.spool.oldest()
@@ -141,10 +144,9 @@ class Delivery:
                 self._stop.wait(IDLE_WAIT_S)
                 continue
             if self._deliver(producer, path):
-                backoff = 0.2
+                backoff.reset()
             else:
-                self._stop.wait(backoff)
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                self._stop.wait(backoff.next_delay())
 
     def _reset(self) -> None:
         """Drop the producer: after an expired batch an idempotent kafka-python producer can stay

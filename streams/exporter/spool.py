@@ -178,10 +178,5 @@ class Spool:
         with self._lock:
             return self._active_records + sum(r for _, r in self._sealed.values())
 
-    @property
-    def pending_bytes(self) -> int:
-        with self._lock:
-            return self.total_bytes_locked()
-
     def close(self) -> None:
         self.seal()

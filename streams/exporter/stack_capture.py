@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from infra.proctable import DEAD_STATES, LIVE
 from schemas.base import Event, now_ms
 from schemas.enums import ProcessRole
 from schemas.workload import Frame, StackDump, ThreadStack
@@ -145,8 +146,8 @@ class StackCapturer:
             except subprocess.TimeoutExpired:
                 return [], f"py-spy timed out after {self.cfg.timeout_s} s"
             # A sample can fail transiently (threads starting/exiting while py-spy reads them):
-            # try once more while the process is still there.
-            if res.returncode == 0 or attempt or not Path(f"/proc/{pid}").exists():
+            # try once more while the process still runs.
+            if res.returncode == 0 or attempt or not LIVE.alive(pid):
                 break
         if res.returncode != 0:
             return [], (res.stderr or res.stdout).strip()[-4000:] or f"py-spy exited {res.returncode}"
@@ -157,7 +158,7 @@ class StackCapturer:
         return by_pid.get(pid, [t for ts in by_pid.values() for t in ts]), ""
 
     def capture_round(self, capture_id: str, round_no: int) -> list[StackDump]:
-        procs = [p for p in self.discover() if p.state != "Z"]
+        procs = [p for p in self.discover() if p.state not in DEAD_STATES]
         with ThreadPoolExecutor(max_workers=self.cfg.parallel, thread_name_prefix="py-spy") as pool:
             results = list(pool.map(lambda p: self.dump(p.pid), procs))
         dumps = []

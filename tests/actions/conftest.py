@@ -7,7 +7,6 @@ Each test uses its own job names, consumer group and state directory, so tests s
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from schemas.enums import Action
 from schemas.topics import ACTIONS, JOBS
 from schemas.topology import JobTopology
 from tests.streams.harness import Watcher, send, unique
+from tests.waiting import wait_until
 
 
 def job_spec(job: str, n: int = 4, standbys: int = 2, pp: int = 1) -> JobSpec:
@@ -60,13 +60,21 @@ class Running:
 
     def wait(self, decision_id: str, timeout_s: float = 30.0, states: tuple[str, ...] = ()) -> Recovery:
         """Wait until the recovery is terminal (or in one of ``states``)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def reached() -> Recovery | None:
             rec = self.service.store.get(decision_id)
             if rec is not None and (rec.state.value in states or (not states and rec.state.terminal)):
                 return rec
-            time.sleep(0.1)
-        raise AssertionError(f"recovery {decision_id} not done: {self.service.store.get(decision_id)}")
+            return None
+
+        return wait_until(
+            reached,
+            timeout_s,
+            lambda: (
+                f"recovery {decision_id} {'in ' + '/'.join(states) if states else 'to finish'}; "
+                f"last seen: {self.service.store.get(decision_id)}"
+            ),
+        )
 
     def calls(self, call: str, job: str) -> list[dict[str, Any]]:
         return [r for r in self.executor.records() if r["call"] == call and r["job"] == job]

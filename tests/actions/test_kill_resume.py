@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,13 @@ import yaml
 
 from actions.progress import ProgressStore
 from actions.state import RecoveryState
+from infra.bus import EventProducer
 from infra.config import Settings
 from schemas.control import ActionEvent, ActionPhase, JobSpec
 from schemas.enums import Action
 from tests.actions.conftest import job_spec, make_decision
 from tests.streams.harness import Watcher, send, unique
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.slow
 def start(config: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "trainguard.commands.actions", *args],
+            [sys.executable, "-m", "trainguard", "actions", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "TRAINGUARD_CONFIG": str(config)},
@@ -36,17 +37,41 @@ def start(config: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
         )
 
 
+class CommittedOffsets:
+    """Reads a consumer group's committed offsets (without joining the group)."""
+
+    def __init__(self, settings: Settings, group: str) -> None:
+        from kafka import KafkaConsumer
+
+        self.consumer = KafkaConsumer(
+            **settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False
+        )
+
+    def past(self, topic: str, partition: int, offset: int) -> bool:
+        from kafka import TopicPartition
+
+        committed = self.consumer.committed(TopicPartition(topic, partition))
+        return committed is not None and committed > offset
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+# Two cold starts of the action service CLI around a kill: its own waits allow up to about 500 s on
+# a loaded CI box, so they, not the suite's 300 s default, say what was late.
+@pytest.mark.timeout(600)
 def test_sigkill_mid_recovery_then_restart_completes_it_once(
     stack_settings: Settings, tmp_path: Path, actions_watch: Watcher, jobs_watch: Watcher
 ) -> None:
     job = unique("job-kill")
+    group = unique("tg-actions-kill")
     state = tmp_path / "state"
     config = tmp_path / "tg.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 "actions": {
-                    "group_id": unique("tg-actions-kill"),
+                    "group_id": group,
                     "jobs": [job],
                     "state_dir": str(state),
                     "poll_interval_s": 0.2,
@@ -98,10 +123,22 @@ def test_sigkill_mid_recovery_then_restart_completes_it_once(
             timeout_s=150,  # generous: a loaded 2-core CI box starts the CLI slowly
         )
         assert isinstance(done, ActionEvent)
-        send(stack_settings, d)  # redelivered after the restart: a no-op
-        time.sleep(2)
+        # Redelivered after the restart: a no-op, once the service has consumed (committed) it.
+        producer = EventProducer(stack_settings.kafka)
+        again = producer.send(d).get(timeout=30)
+        producer.close()
+        offsets = CommittedOffsets(stack_settings, group)
+        try:
+            wait_until(
+                lambda: offsets.past(again.topic, again.partition, again.offset),
+                60,
+                lambda: f"the service to commit the redelivered decision; log:\n{log.read_text()[-2000:]}",
+                interval_s=0.3,
+            )
+        finally:
+            offsets.close()
         status = subprocess.run(
-            [sys.executable, "-m", "trainguard.commands.actions", "status", "--json", "--job", job],
+            [sys.executable, "-m", "trainguard", "actions", "status", "--json", "--job", job],
             env={**os.environ, "TRAINGUARD_CONFIG": str(config)},
             capture_output=True,
             text=True,

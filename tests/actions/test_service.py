@@ -2,26 +2,36 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
 
 from actions.executors.dry_run import DryRunConfig
 from actions.state import RecoveryState
-from schemas.base import now_ms
+from schemas.base import Event, now_ms
 from schemas.control import ActionEvent, ActionPhase, JobSpec
 from schemas.enums import Action
 from tests.actions.conftest import Running, job_spec, make_decision
 from tests.streams.harness import Watcher, send, unique
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 Start = Callable[..., Running]
+FINAL = (ActionPhase.SUCCEEDED, ActionPhase.FAILED)
 
 
-def events_of(w: Watcher, decision_id: str, settle_s: float = 0.5) -> list[ActionEvent]:
-    evs = w.all(lambda e: isinstance(e, ActionEvent) and e.decision_id == decision_id, settle_s=settle_s)
-    return [e for e in evs if isinstance(e, ActionEvent)]
+def events_of(w: Watcher, decision_id: str, settle_s: float = 0.0) -> list[ActionEvent]:
+    """The recovery's action events, once its last one (recovery succeeded / failed) is in; then
+    ``settle_s`` more seconds in which any further (unwanted) event would show up."""
+
+    def mine(e: Event) -> bool:
+        return isinstance(e, ActionEvent) and e.decision_id == decision_id
+
+    def last(e: Event) -> bool:
+        return mine(e) and isinstance(e, ActionEvent) and e.step == "recovery" and e.phase in FINAL
+
+    w.wait_for(last)
+    return [e for e in w.all(mine, settle_s=settle_s) if isinstance(e, ActionEvent)]
 
 
 def test_evict_swaps_a_standby_publishes_the_spec_and_ignores_redelivery(
@@ -140,12 +150,9 @@ def test_lazy_update_waits_for_the_next_recovery_or_is_forced(start_service: Sta
 
     # No recovery comes for `other`: its update is forced once it waited too long.
     send(run.settings, make_decision(other, Action.RESTART, code_update={"version": "v2"}))
-    deadline_calls = []
-    for _ in range(100):
-        deadline_calls = run.calls("hot_update", other)
-        if deadline_calls:
-            break
-        run.stop.wait(0.1)
+    deadline_calls = wait_until(
+        lambda: run.calls("hot_update", other), 10, f"the forced hot update of {other}"
+    )
     assert [c["args"]["version"] for c in deadline_calls] == ["v2"]
     forced = [
         r for r in run.service.store.recoveries(other) if r.decision.evidence["code_update"].get("forced")
@@ -219,7 +226,7 @@ def test_permanent_error_fails_the_recovery(start_service: Start, actions_watch:
 
 def test_hang_localised_during_a_recovery_is_that_recovery_not_a_new_fault(start_service: Start) -> None:
     job = unique("job-pause")
-    run = start_service([job], dry_run=DryRunConfig(delays={"diagnose": 3.0}))
+    run = start_service([job], dry_run=DryRunConfig(delays={"run_diagnostics": 3.0}))
     send(run.settings, job_spec(job))
     machines = [f"{job}-n{i}" for i in range(4)]
     crash = make_decision(job, Action.DIAGNOSE)
@@ -232,7 +239,7 @@ def test_hang_localised_during_a_recovery_is_that_recovery_not_a_new_fault(start
     xid = make_decision(
         job, Action.EVICT, [machines[2]], detection={"kind": "xid-79", "source_ts_ms": now_ms()}
     )
-    time.sleep(1.0)  # both arrive while the diagnose recovery runs
+    run.wait(crash.decision_id, states=("diagnosing",))  # both arrive while the diagnose recovery runs
     send(run.settings, stalled)
     send(run.settings, xid)
     assert run.wait(crash.decision_id).path == "reattempt"

@@ -8,14 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actions.plans import (
-    Escalation,
-    Plan,
-    PlanContext,
-    StepKind,
-    build_plan,
-    state_path,
-)
+from actions.plans import STATE_OF, Escalation, Plan, PlanContext, StepKind, build_plan
 from actions.state import TRANSITIONS, InvalidStateTransition, RecoveryState, check_transition
 from schemas.control import Decision, Targets
 from schemas.enums import Action
@@ -36,6 +29,16 @@ def decision(action: Action, machines: list[str] | None = None, **evidence: obje
 
 def keys(plan: Plan) -> list[str]:
     return [s.key for s in plan.steps]
+
+
+def state_path(plan: Plan) -> list[RecoveryState]:
+    """The states the plan walks through (the runner moves to each step's state)."""
+    out: list[RecoveryState] = []
+    for step in plan.steps:
+        st = STATE_OF[step.kind]
+        if not out or out[-1] is not st:
+            out.append(st)
+    return out
 
 
 def walk(plan: Plan) -> None:

@@ -1,34 +1,35 @@
-"""Shared helpers of the demo tests: spec factory, waiting on progress files, reading rank logs."""
+"""Shared helpers of the demo tests: spec factory, what a wait names, reading rank logs.
+
+Tests that launch processes give their gloo rendezvous a free port (``tests.net.free_port``) and
+wait with ``tests.waiting.wait_until``.
+"""
 
 from __future__ import annotations
 
 import re
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard_demo.config import JobSpec
+from trainguard_demo.config import LaunchSpec
 from trainguard_demo.launcher import JobHandle
 
-# Each test launching processes takes its own port in 29600-29699 (the brief's range).
-PORTS = {"job": 29601, "resume": 29602, "faults": 29610}
 
-
-def make_spec(tmp: Path, port: int, **kw: Any) -> JobSpec:
+def make_spec(tmp: Path, port: int, **kw: Any) -> LaunchSpec:
     base: dict[str, Any] = {"job": "t", "cluster_dir": str(tmp), "master_port": port, "pg_timeout_s": 60.0}
-    return JobSpec(**{**base, **kw})
+    return LaunchSpec(**{**base, **kw})
 
 
-def wait_until(pred: Any, timeout: float, what: str, handle: JobHandle | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    detail = ""
-    if handle is not None:
-        detail = "\n".join(f"{p.rank}: {p.poll()} {p.stderr.read_text()[-800:]}" for p in handle.procs)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{detail}")
+def with_ranks(what: str, handle: JobHandle | None) -> Callable[[], str]:
+    """``what`` for ``wait_until``, followed (on a timeout) by each rank's exit code and stderr tail."""
+
+    def describe() -> str:
+        if handle is None:
+            return what
+        ranks = "\n".join(f"{p.rank}: {p.poll()} {p.stderr.read_text()[-800:]}" for p in handle.procs)
+        return f"{what}\n{ranks}"
+
+    return describe
 
 
 def losses(log: Path) -> dict[int, float]:

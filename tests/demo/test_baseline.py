@@ -19,34 +19,35 @@ from trainguard_demo.baseline import (
     generation_step,
 )
 from trainguard_demo.checkpoint import latest_complete
-from trainguard_demo.config import JobSpec
+from trainguard_demo.config import LaunchSpec
 from trainguard_demo.faults import inject_fault, read_faults
 from trainguard_demo.launcher import JobHandle, RankProcess, launch_job
 from trainguard_demo.trainer import build_parser, spec_from_args
 
-from tests.demo.helpers import make_spec, wait_until
-
-# Ports of the tests below that start processes (29600-29699; see tests/demo/helpers.py).
-PORT_CRASH, PORT_NAN = 29640, 29650
+from tests.demo.helpers import make_spec, with_ranks
+from tests.net import free_port, free_port_range
+from tests.waiting import wait_until
 
 # -- job options ---------------------------------------------------------------------------------
 
 
 def test_checkpoint_every_and_nan_check_round_trip() -> None:
-    spec = JobSpec(job="j", cluster_dir="/c", dp=2, machines=["a", "b"], checkpoint_every=7, nan_check=True)
-    assert JobSpec.from_json(spec.to_json()) == spec
+    spec = LaunchSpec(
+        job="j", cluster_dir="/c", dp=2, machines=["a", "b"], checkpoint_every=7, nan_check=True
+    )
+    assert LaunchSpec.from_json(spec.to_json()) == spec
     argv = spec.to_argv(1)
     assert argv[argv.index("--checkpoint-every") + 1] == "7" and "--nan-check" in argv
     for s in (spec, replace(spec, checkpoint_every=1, nan_check=False)):
         assert spec_from_args(build_parser().parse_args(s.to_argv(0))) == (s, 0)
-    assert "--no-nan-check" in JobSpec(job="j", cluster_dir="/c").to_argv(0)
+    assert "--no-nan-check" in LaunchSpec(job="j", cluster_dir="/c").to_argv(0)
     # Older spec files (no such keys) still load, with the TrainGuard job's defaults.
     raw = json.loads(spec.to_json())
     del raw["checkpoint_every"], raw["nan_check"]
-    old = JobSpec.from_json(json.dumps(raw))
+    old = LaunchSpec.from_json(json.dumps(raw))
     assert (old.checkpoint_every, old.nan_check) == (1, False)
     with pytest.raises(ValueError, match="checkpoint_every=0"):
-        JobSpec(job="j", cluster_dir="/c", checkpoint_every=0)
+        LaunchSpec(job="j", cluster_dir="/c", checkpoint_every=0)
 
 
 def test_config_validation() -> None:
@@ -102,10 +103,10 @@ class FakeCluster:
     """Stands in for launch_job / stop_job: each launch gets new pids; progress is written by hand."""
 
     def __init__(self) -> None:
-        self.launched: list[JobSpec] = []
+        self.launched: list[LaunchSpec] = []
         self.stopped = 0
 
-    def launch(self, spec: JobSpec) -> JobHandle:
+    def launch(self, spec: LaunchSpec) -> JobHandle:
         self.launched.append(spec)
         base = 1000 * len(self.launched)
         procs = [FakeProc(r, base + r) for r in range(spec.world_size)]
@@ -115,7 +116,7 @@ class FakeCluster:
         self.stopped += 1
         return {}
 
-    def report(self, spec: JobSpec, step: int, status: str = "running") -> None:
+    def report(self, spec: LaunchSpec, step: int, status: str = "running") -> None:
         pid_base = 1000 * len(self.launched)
         for r in range(spec.world_size):
             path = spec.paths().progress(spec.machine_of_rank(r), spec.job, r)
@@ -187,7 +188,7 @@ def test_supervisor_thread_survives_errors(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(baseline, "stop_job", cluster.stop)
     calls = []
 
-    def broken(spec: JobSpec) -> dict[int, dict[str, Any]]:
+    def broken(spec: LaunchSpec) -> dict[int, dict[str, Any]]:
         calls.append(1)
         raise OSError("torn progress file")
 
@@ -204,7 +205,7 @@ def test_supervisor_thread_survives_errors(tmp_path: Path, monkeypatch: pytest.M
 # -- real tiny jobs --------------------------------------------------------------------------------
 
 
-def _steps_on_disk(spec: JobSpec) -> set[int]:
+def _steps_on_disk(spec: LaunchSpec) -> set[int]:
     out = set()
     for m in spec.machine_names():
         for backup in (False, True):
@@ -214,10 +215,10 @@ def _steps_on_disk(spec: JobSpec) -> set[int]:
 
 @pytest.mark.slow
 def test_nan_check_turns_a_nan_into_a_crash(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, PORT_NAN, dp=2, steps=500, nan_check=True, checkpoint_every=2)
+    spec = make_spec(tmp_path, free_port(), dp=2, steps=500, nan_check=True, checkpoint_every=2)
     inject_fault(tmp_path, "machine-0", "nan", at_step=5)
     with launch_job(spec) as job:
-        wait_until(lambda: job.procs[0].poll() is not None, 60, "rank 0 to exit", job)
+        wait_until(lambda: job.procs[0].poll() is not None, 60, with_ranks("rank 0 to exit", job))
         assert job.procs[0].poll() == 1
         err = job.procs[0].stderr.read_text()
         assert "FloatingPointError: non-finite loss nan at step 5" in err
@@ -228,12 +229,16 @@ def test_nan_check_turns_a_nan_into_a_crash(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_crash_is_requeued_after_the_timeout_from_the_last_periodic_checkpoint(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, 0, dp=2, steps=100_000)
-    cfg = BaselineConfig(port_base=PORT_CRASH, timeout_s=4.0, checkpoint_every=5, poll_s=0.5)
+    # Launch n rendezvouses on port_base + n: one requeue expected, room for a few.
+    port_base = free_port_range(4)
+    cfg = BaselineConfig(port_base=port_base, timeout_s=4.0, checkpoint_every=5, poll_s=0.5)
     inject_fault(tmp_path, "machine-0", "crash", at_step=14)
     sup = BaselineSupervisor(spec, cfg).start()
     try:
-        wait_until(lambda: sup.requeues >= 1, 90, "a requeue", sup.handle)
-        wait_until(lambda: sup.incidents()[0]["resumed_at"] is not None, 60, "the resume", sup.handle)
+        wait_until(lambda: sup.requeues >= 1, 90, with_ranks("a requeue", sup.handle))
+        wait_until(
+            lambda: sup.incidents()[0]["resumed_at"] is not None, 60, with_ranks("the resume", sup.handle)
+        )
         handle = sup.handle
         assert handle is not None
     finally:
@@ -245,7 +250,7 @@ def test_crash_is_requeued_after_the_timeout_from_the_last_periodic_checkpoint(t
     assert inc["stalled_since"] < inc["detected_at"] <= inc["requeued_at"] < inc["resumed_at"]
     # Work since the last periodic checkpoint (step 10) is lost: the job redoes steps 11-13.
     assert inc["resume_step"] == 10 and inc["resume_step"] % cfg.checkpoint_every == 0
-    assert inc["stalled_step"] == 13 and inc["lost_steps"] == 3 and inc["master_port"] == PORT_CRASH + 1
+    assert inc["stalled_step"] == 13 and inc["lost_steps"] == 3 and inc["master_port"] == port_base + 1
     out = handle.procs[0].stdout.read_text()
     assert "fault crash" in out and "resumed at step 10 from" in out
     assert "RuntimeError: injected crash on rank 0 at step 14" in handle.procs[0].stderr.read_text()

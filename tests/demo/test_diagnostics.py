@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
-from trainguard_demo.diagnostics import (
-    LocalFaults,
-    alignment_digest,
-    free_port,
-    prewarm,
-    ring_pairs,
-    run_local,
-)
+from trainguard_demo.diagnostics import LocalFaults, alignment_digest, prewarm, ring_pairs, run_local
 from trainguard_demo.diagnostics import server as diagnostics
+
+from tests.net import free_port
+from tests.waiting import wait_until
 
 
 def test_alignment_digest_is_bitwise_reproducible_and_sensitive() -> None:
@@ -86,9 +81,7 @@ def test_repeated_runs_fork_fresh_processes_from_the_warm_server_and_agree_bit_f
 def test_a_killed_test_fails_and_a_stuck_one_is_killed_at_the_timeout() -> None:
     server = diagnostics._get_server()
     job = server.submit("connectivity", _stuck_connectivity())
-    deadline = time.monotonic() + 60
-    while job.pid is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: job.pid is not None, 60, "the server to fork the connectivity test", interval_s=0.05)
     assert job.pid is not None
     os.kill(job.pid, signal.SIGKILL)
     assert job.done.wait(30)

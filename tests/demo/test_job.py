@@ -10,13 +10,18 @@ import pytest
 from trainguard_demo.checkpoint import backup_machine, latest_complete
 from trainguard_demo.launcher import activate_standby, launch_job, launch_standby, standby_ready, stop_job
 
-from tests.demo.helpers import PORTS, losses, make_spec, wait_until
+from tests.demo.helpers import losses, make_spec, with_ranks
+from tests.net import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 
+# Two real 4-process jobs, each importing torch cold on a shared 2-core host, plus a standby (about
+# 40 s when idle): its own waits allow up to 330 s, so they, not the 300 s default, say what was late.
+@pytest.mark.timeout(600)
 def test_run_checkpoint_and_resume_on_standby(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, PORTS["job"], tp=2, pp=2, dp=1, steps=12)
+    spec = make_spec(tmp_path, free_port(), tp=2, pp=2, dp=1, steps=12)
     standby = launch_standby(tmp_path, "standby-0", slots=1)  # warms up while the job runs
     try:
         with launch_job(spec) as job:
@@ -32,8 +37,8 @@ def test_run_checkpoint_and_resume_on_standby(tmp_path: Path) -> None:
         assert (spec.paths().ckpt_step(peer, "t", 12, backup=True) / "rank-00001.pt").exists()
 
         # Evict machine-1: its disk is gone; the standby takes rank 1 and the job runs to step 16.
-        spec2 = replace(spec.replace_machine("machine-1", "standby-0"), steps=16, master_port=PORTS["resume"])
-        wait_until(lambda: standby_ready(tmp_path, "standby-0", 1), 60, "standby ready", standby)
+        spec2 = replace(spec.replace_machine("machine-1", "standby-0"), steps=16, master_port=free_port())
+        wait_until(lambda: standby_ready(tmp_path, "standby-0", 1), 60, with_ranks("standby ready", standby))
         with launch_job(spec2, machines=[m for m in spec2.machine_names() if m != "standby-0"]) as job2:
             activate_standby(spec2, "standby-0")
             codes = job2.wait(timeout=120)

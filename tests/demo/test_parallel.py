@@ -17,6 +17,7 @@ from trainguard_demo.parallel import ParallelContext, build_groups, global_grad_
 from trainguard_demo.versions.v1 import activation
 
 from schemas.topology import JobTopology
+from tests.net import free_port
 
 CFG = ModelConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, seq_len=8)
 TOKENS = torch.arange(16).reshape(2, 8) % len(VOCAB)
@@ -77,7 +78,7 @@ def _run(topo: JobTopology, port: int) -> dict[int, dict[str, Any]]:
 
 def test_groups_match_topology() -> None:
     topo = JobTopology(job="g", tp=2, pp=2, dp=2, ranks_per_machine=2)
-    out = _run(topo, 29620)
+    out = _run(topo, free_port())
     for rank, res in out.items():
         assert res["groups"] == {d: topo.group(d, rank) for d in ("tp", "dp", "pp")}
 
@@ -89,7 +90,7 @@ def test_tensor_parallel_matches_single_rank() -> None:
     )
     loss, grad = _loss_and_grads(single)
     norm = torch.cat([p.grad.reshape(-1) for p in single.parameters() if p.grad is not None]).norm()
-    out = _run(JobTopology(job="tp", tp=2, ranks_per_machine=2), 29621)
+    out = _run(JobTopology(job="tp", tp=2, ranks_per_machine=2), free_port())
     for res in out.values():
         assert res["loss"] == pytest.approx(loss, rel=1e-5)
         assert torch.allclose(res["ln_f_grad"], grad, atol=1e-6)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainguard_demo import codever
 from trainguard_demo.checkpoint import CheckpointWriter, backup_machine, latest_complete, load_shard
-from trainguard_demo.config import JobSpec
+from trainguard_demo.config import LaunchSpec
 from trainguard_demo.faults import FaultPoller, clear_faults, inject_fault, read_faults
 from trainguard_demo.faults import main as faults_main
 from trainguard_demo.trainer import build_parser, spec_from_args
@@ -19,7 +19,7 @@ from detectors.planning import _shares_group
 
 
 def test_argv_round_trip() -> None:
-    spec = JobSpec(
+    spec = LaunchSpec(
         job="j",
         cluster_dir="/c",
         tp=2,
@@ -38,7 +38,7 @@ def test_argv_round_trip() -> None:
 
 
 def test_argv_checks_machine_and_world_size() -> None:
-    argv = JobSpec(job="j", cluster_dir="/c", tp=2, pp=1, dp=1, machines=["a", "b"]).to_argv(1)
+    argv = LaunchSpec(job="j", cluster_dir="/c", tp=2, pp=1, dp=1, machines=["a", "b"]).to_argv(1)
     with pytest.raises(SystemExit, match="rank 1 is on b"):
         spec_from_args(build_parser().parse_args([*argv, "--machine", "a"]))
     with pytest.raises(SystemExit, match="world-size 3"):
@@ -46,7 +46,7 @@ def test_argv_checks_machine_and_world_size() -> None:
 
 
 def test_backup_machine_shares_no_group_and_replacement_keeps_mapping() -> None:
-    spec = JobSpec(job="j", cluster_dir="/c", tp=2, pp=2, dp=2, ranks_per_machine=2)
+    spec = LaunchSpec(job="j", cluster_dir="/c", tp=2, pp=2, dp=2, ranks_per_machine=2)
     topo = spec.topology()
     for m in spec.machine_names():
         peer = backup_machine(spec, m)
@@ -57,7 +57,7 @@ def test_backup_machine_shares_no_group_and_replacement_keeps_mapping() -> None:
     swapped = spec.replace_machine("machine-1", "standby-0")
     assert backup_machine(swapped, "standby-0") == backup_machine(spec, "machine-1")
     # One real parallel dimension: no cross-group peer exists, the neighbour holds the backup.
-    assert backup_machine(JobSpec(job="j", cluster_dir="/c", pp=2), "machine-0") == "machine-1"
+    assert backup_machine(LaunchSpec(job="j", cluster_dir="/c", pp=2), "machine-0") == "machine-1"
 
 
 def test_code_version_switch_and_rollback(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_faults_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert read_faults(tmp_path, "m1") == []
 
 
-def _write_all(spec: JobSpec, step: int, ranks: range | list[int]) -> None:
+def _write_all(spec: LaunchSpec, step: int, ranks: range | list[int]) -> None:
     for r in ranks:
         w = CheckpointWriter(spec, r)
         w.submit(step, {"w": torch.full((3,), float(step)), "step": step})
@@ -124,7 +124,7 @@ def _write_all(spec: JobSpec, step: int, ranks: range | list[int]) -> None:
 
 
 def test_latest_complete_needs_every_rank_and_uses_backups(tmp_path: Path) -> None:
-    spec = JobSpec(job="j", cluster_dir=str(tmp_path), tp=1, pp=2, dp=2, keep_checkpoints=5)
+    spec = LaunchSpec(job="j", cluster_dir=str(tmp_path), tp=1, pp=2, dp=2, keep_checkpoints=5)
     _write_all(spec, 1, range(4))
     _write_all(spec, 2, [0, 1, 2])  # rank 3's write of step 2 never finished
     found = latest_complete(spec)
@@ -146,7 +146,7 @@ def test_latest_complete_needs_every_rank_and_uses_backups(tmp_path: Path) -> No
 
 
 def test_writer_prunes_old_steps(tmp_path: Path) -> None:
-    spec = JobSpec(job="j", cluster_dir=str(tmp_path), tp=2, pp=2, keep_checkpoints=2)
+    spec = LaunchSpec(job="j", cluster_dir=str(tmp_path), tp=2, pp=2, keep_checkpoints=2)
     w = CheckpointWriter(spec, 0)
     for step in range(1, 6):
         w.submit(step, {"step": step})

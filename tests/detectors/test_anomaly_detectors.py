@@ -17,7 +17,7 @@ from sklearn.ensemble import IsolationForest
 from detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
 from detectors.anomaly.autoencoder import AutoencoderParams, _init_layers, _train, forward, import_torch
 from detectors.anomaly.iforest import FlatForest
-from detectors.registry import build, build_enabled, get, register, registered
+from detectors.registry import build, get, register, registered
 from schemas.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,37 +216,30 @@ def test_importing_detectors_does_not_import_torch_or_sklearn() -> None:
 # --- Registry -----------------------------------------------------------------------------------
 
 
-def test_registry_defaults_and_config() -> None:
-    assert {n: r.default_enabled for n, r in registered().items()} == {
-        "ewma_zscore": True,
-        "isolation_forest": True,
-        "autoencoder": False,
-    }
-    built = build_enabled({"isolation_forest": {"params": {"refit_every": 7}}})
-    assert sorted(built) == ["ewma_zscore", "isolation_forest"]
-    assert built["isolation_forest"].params.refit_every == 7
+def test_registry_builds_by_name_with_validated_params() -> None:
+    assert sorted(registered()) == ["autoencoder", "ewma_zscore", "isolation_forest"]
+    assert build("isolation_forest", {"refit_every": 7}).params.refit_every == 7
     assert isinstance(build("autoencoder", {"seed": 3}), Autoencoder)
     assert get("ewma_zscore") is EWMAZScore
 
 
 @pytest.mark.parametrize(
-    ("config", "match"),
+    ("name", "params", "match"),
     [
-        ({"nope": {}}, "unknown detector 'nope'"),
-        ({"ewma_zscore": {"enable": True}}, "unknown field"),
-        ({"ewma_zscore": {"params": {"alpha": 2.0}}}, "alpha"),
-        ({"ewma_zscore": {"enabled": "yes"}}, "enabled"),
+        ("nope", {}, "unknown detector 'nope'"),
+        ("ewma_zscore", {"alpah": 0.1}, "unknown field"),
+        ("ewma_zscore", {"alpha": 2.0}, "alpha"),
     ],
 )
-def test_registry_rejects_bad_config(config: dict[str, dict[str, object]], match: str) -> None:
+def test_registry_rejects_bad_names_and_params(name: str, params: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        build_enabled(config)
+        build(name, params)
 
 
 def test_register_refuses_to_shadow_a_name() -> None:
-    register("ewma_zscore", EWMAZScore, default_enabled=True)  # same class again: no-op
+    register("ewma_zscore", EWMAZScore)  # same class again: no-op
     with pytest.raises(ValueError, match="already registered"):
-        register("ewma_zscore", Autoencoder, default_enabled=False)
+        register("ewma_zscore", Autoencoder)
 
 
 # --- NAB bench metric code (no /work/shared needed) ---------------------------------------------

@@ -1,18 +1,17 @@
-"""Threshold and quantile filters: deciding on scores, and protecting the baseline from anomalies."""
+"""The threshold filter: deciding on scores, and protecting the baseline from anomalies."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from detectors.anomaly import EWMAZScore
-from detectors.filters import QuantileFilter, ThresholdFilter
+from detectors.filters import ThresholdFilter
+from detectors.node_anomaly import NodeAnomalyScorer
 from schemas.config import ConfigError
+from schemas.telemetry import GpuSample, GpuSampleBatch
 
 
-def warm(f: ThresholdFilter | QuantileFilter, n: int = 100) -> None:
+def warm(f: ThresholdFilter, n: int = 100) -> None:
     for i in range(n):
         f.process_one({"temp": 60 + (i % 5) * 0.5})
 
@@ -36,7 +35,7 @@ def test_protection_keeps_anomalies_out_of_the_baseline() -> None:
         open_.process_one({"temp": 90.0})
     assert protected.detector._stats["temp"] == stats_before  # type: ignore[attr-defined]
     # The unprotected baseline drifted towards the fault and now scores it lower.
-    assert open_.score_one({"temp": 90.0}) < protected.score_one({"temp": 90.0})
+    assert open_.detector.score_one({"temp": 90.0}) < protected.detector.score_one({"temp": 90.0})
 
 
 def test_relearn_after_adopts_a_persistent_shift() -> None:
@@ -50,58 +49,31 @@ def test_relearn_after_adopts_a_persistent_shift() -> None:
     assert not adapts.process_one({"temp": 81.0})[1]
 
 
-def test_learn_one_is_process_one() -> None:
-    a, b = ThresholdFilter(EWMAZScore(), threshold=4.0), ThresholdFilter(EWMAZScore(), threshold=4.0)
-    xs = [{"temp": 60 + (i % 5) * 0.5} for i in range(50)] + [{"temp": 99.0}, {"temp": 61.0}]
-    for x in xs:
-        a.learn_one(x)
-        b.process_one(x)
-    assert a.detector._stats == b.detector._stats  # type: ignore[attr-defined]
-
-
-def test_quantile_filter_waits_for_min_scores_then_tracks_quantile() -> None:
-    f = QuantileFilter(EWMAZScore(), q=0.9, window=50, min_scores=20)
-    assert f.threshold == float("inf")
-    assert not f.process_one({"temp": 1e9})[1]  # nothing flagged during warm-up
-    warm(f, 200)
-    assert f.threshold == pytest.approx(np.quantile(list(f._recent), 0.9, method="higher"))
-    assert len(f._recent) == 50
-
-
-@settings(max_examples=60, deadline=None, derandomize=True)
-@given(
-    scores=st.lists(st.floats(0, 1e6), min_size=1, max_size=80),
-    q=st.floats(0, 1),
-    window=st.integers(1, 30),
-)
-def test_quantile_threshold_equals_numpy_higher_quantile(scores: list[float], q: float, window: int) -> None:
-    f = QuantileFilter(EWMAZScore(), q=q, window=window, min_scores=1)
-    for s in scores:
-        f._observe(s)
-    expected = np.quantile(scores[-window:], q, method="higher")
-    assert f.threshold == expected
-    assert f._sorted == sorted(scores[-window:])
-
-
-def test_reset_clears_detector_and_scores() -> None:
-    f = QuantileFilter(EWMAZScore(), q=0.99, min_scores=5)
-    warm(f)
-    f.reset()
-    assert f.threshold == float("inf")
-    assert f.score_one({"temp": 99.0}) == 0.0
-
-
 @pytest.mark.parametrize(
-    ("cls", "params"),
+    "params",
     [
-        (ThresholdFilter, {}),
-        (ThresholdFilter, {"threshold": float("nan")}),
-        (ThresholdFilter, {"threshold": 1.0, "relearn_after": -1}),
-        (QuantileFilter, {"q": 1.5}),
-        (QuantileFilter, {"q": 0.9, "window": 0}),
-        (QuantileFilter, {"q": 0.9, "treshold": 3}),
+        {},
+        {"threshold": float("nan")},
+        {"threshold": 1.0, "relearn_after": -1},
+        {"threshold": 1.0, "treshold": 3},
     ],
 )
-def test_filters_reject_bad_params(cls: type[ThresholdFilter] | type[QuantileFilter], params: dict) -> None:
+def test_filter_rejects_bad_params(params: dict) -> None:
     with pytest.raises(ConfigError):
-        cls(EWMAZScore(), **params)
+        ThresholdFilter(EWMAZScore(), **params)
+
+
+def _batch(ts_ms: int, temp: float) -> GpuSampleBatch:
+    return GpuSampleBatch(node="n0", ts_ms=ts_ms, gpus=[GpuSample(index=0, temperature_c=temp)])
+
+
+def test_node_scorer_flags_at_its_threshold_and_keeps_the_baseline_when_it_changes() -> None:
+    scorer = NodeAnomalyScorer()
+    for i in range(100):
+        assert scorer.observe(_batch(i, 60 + (i % 5) * 0.5), "ewma_zscore", 6.0, i) is None
+    learned = scorer.filters["n0"].detector
+    det = scorer.observe(_batch(100, 90.0), "ewma_zscore", 6.0, 100)
+    assert det is not None and det.evidence["detector"] == "ewma_zscore"
+    # A higher threshold (the worker config changed) applies at once, to the same learned detector.
+    assert scorer.observe(_batch(101, 90.0), "ewma_zscore", 1e6, 101) is None
+    assert scorer.filters["n0"].detector is learned and scorer.filters["n0"].params.threshold == 1e6

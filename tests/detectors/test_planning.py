@@ -65,7 +65,8 @@ def test_every_machine_is_uniquely_located(pp: int, dp: int) -> None:
         assert sorted(x for g in plan.horizontal for x in g) == list(range(plan.n_machines))
         assert sorted(x for g in plan.vertical for x in g) == list(range(plan.n_machines))
         for x in range(plan.n_machines):
-            h, v = plan.horizontal_of(x), plan.vertical_of(x)
+            h = next(i for i, g in enumerate(plan.horizontal) if x in g)
+            v = next(i for i, g in enumerate(plan.vertical) if x in g)
             assert locate_faulty_machine(plan, h, v) == x
             h_ok = [g != h for g in range(len(plan.horizontal))]
             v_ok = {g: g != v for g in range(len(plan.vertical))}

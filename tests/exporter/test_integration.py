@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,17 +19,12 @@ from schemas.workload import LogLine
 from streams.exporter.service import ExporterService
 from tests.exporter.conftest import make_cfg
 from tests.exporter.kafka_helpers import TopicReader
+from tests.net import free_ports
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 XID = "[ 9100.000001] NVRM: Xid (PCI:0000:3b:00): 79, pid=77, name=python, GPU has fallen off the bus."
-
-
-def _wait(pred, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path, tmp_path: Path) -> None:
@@ -102,7 +96,11 @@ def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path,
         for c in (other, bad, cmd):
             producer.send(c, COMMANDS).get(timeout=30)
         producer.close()
-        _wait(lambda: service.exporter.intervals["host"] == 0.25)
+        wait_until(
+            lambda: service.exporter.intervals["host"] == 0.25,
+            30,
+            lambda: f"the host interval set to 0.25 s by command; intervals {service.exporter.intervals}",
+        )
         assert (service.commands.errors, service.commands.handled) == (
             1,
             1,
@@ -115,11 +113,12 @@ def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path,
 
 @pytest.fixture
 def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
-    """A second broker on other ports: stopping it disturbs nobody else."""
+    """A second broker on free ports: stopping it disturbs nobody else."""
+    kafka_port, controller_port = free_ports(2)
     env = {
         "TRAINGUARD_HOME": str(tmp_path / "kafka-home"),
-        "TRAINGUARD__STACK__KAFKA_PORT": "29592",
-        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": "29593",
+        "TRAINGUARD__STACK__KAFKA_PORT": str(kafka_port),
+        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller_port),
     }
     settings = load_settings(environ=env)
     server = KafkaServer(settings.stack)
@@ -132,6 +131,9 @@ def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
         server.stop()
 
 
+# A private broker started, stopped and started again (each start allowed 90 s), the spool drained
+# and everything read back: its own waits allow up to about 400 s, more than the 300 s default.
+@pytest.mark.timeout(600)
 def test_broker_outage_loses_no_sample(
     private_kafka: tuple[Settings, KafkaServer], root: Path, tmp_path: Path
 ) -> None:
@@ -153,15 +155,32 @@ def test_broker_outage_loses_no_sample(
     service = ExporterService(cfg, settings.kafka)
     service.start()
     try:
-        _wait(lambda: service.delivery.delivered > 5)
+        wait_until(lambda: service.delivery.delivered > 5, 30, "the first records delivered")
         assert server.stop()
         down_at = service.exporter._health["heartbeat"].rounds
-        time.sleep(4)  # sampling goes on into the spool
-        assert service.exporter._health["heartbeat"].rounds >= down_at + 20
-        assert service.spool.pending_records > 20
+        # Sampling goes on into the spool while the broker is down.
+        wait_until(
+            lambda: (
+                service.exporter._health["heartbeat"].rounds >= down_at + 20
+                and service.spool.pending_records > 20
+            ),
+            30,
+            lambda: (
+                f"20 heartbeat rounds spooled with the broker down (rounds since: "
+                f"{service.exporter._health['heartbeat'].rounds - down_at}, "
+                f"spooled: {service.spool.pending_records})"
+            ),
+        )
         assert server.start()
         server.wait_healthy(90)
-        _wait(lambda: service.spool.pending_records < 5 and service.delivery.connected, timeout_s=60)
+        wait_until(
+            lambda: service.spool.pending_records < 5 and service.delivery.connected,
+            60,
+            lambda: (
+                f"the spool drained after the broker came back (pending {service.spool.pending_records}, "
+                f"connected {service.delivery.connected})"
+            ),
+        )
     finally:
         service.stop(drain_timeout_s=30)
     beats = service.exporter._health["heartbeat"].rounds

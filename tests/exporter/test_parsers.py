@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.proctable import ProcTable
 from schemas.enums import ProcessRole
 from streams.exporter.config import HostConfig, NicConfig
 from streams.exporter.sources import host, kernel_log, nic, process
@@ -130,18 +131,19 @@ def test_process_tree_roles_ranks_and_zombie() -> None:
     assert procs[201].comm == "python3 (rank 1)"
     assert procs[104].state == "Z" and procs[104].exit_status is not None
     assert process.decode_wait_status(procs[104].exit_status) == (139, None)
-    assert process.main_of(list(procs.values()), procs[102]) == procs[101]
+    assert procs[102].ppid == 101 and procs[101].role is ProcessRole.MAIN  # the worker's rank's main
 
 
 def test_process_selection_by_pid_and_cgroup(tmp_path: Path) -> None:
-    stats = process.scan_stats(ROOT / "proc")
+    table = ProcTable(ROOT / "proc")
+    stats = table.stats()
     assert 999 not in stats  # garbled stat line skipped
     cg = tmp_path / "kubepods/pod1"
     cg.mkdir(parents=True)
     (cg / "cgroup.procs").write_text("201\n202\n4000000\n")
     cfg = process.ProcessConfig(pids=[101, 555], cgroup="kubepods/pod1")
-    assert process.select_pids(cfg, ROOT / "proc", tmp_path, stats) == {101, 201, 202}
-    tree = process.build_tree(cfg, ROOT / "proc", stats, {101, 201, 202})
+    assert process.select_pids(cfg, table, tmp_path, stats) == {101, 201, 202}
+    tree = process.build_tree(cfg, table, stats, {101, 201, 202})
     assert sorted(p.pid for p in tree) == [101, 102, 103, 104, 201, 202]
 
 

@@ -13,6 +13,7 @@ from streams.exporter.sources.base import SourceContext
 from streams.exporter.sources.reporter import ReporterSource
 from streams.reporter import Reporter
 from tests.exporter.conftest import make_cfg
+from tests.waiting import wait_until
 
 
 def _source(root: Path, tmp_path: Path) -> ReporterSource:
@@ -22,11 +23,14 @@ def _source(root: Path, tmp_path: Path) -> ReporterSource:
 
 
 def _collect(src: ReporterSource, n: int, timeout: float = 10.0) -> list:
+    """What the source received, once it has ``n`` events."""
     got: list = []
-    deadline = time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        got += src.collect()
-        time.sleep(0.01)
+
+    def enough() -> bool:
+        got.extend(src.collect())
+        return len(got) >= n
+
+    wait_until(enough, timeout, lambda: f"{n} events on the reporter socket; got {got}", interval_s=0.01)
     return got
 
 
@@ -164,6 +168,12 @@ def test_garbage_datagrams_are_rejected_not_published(root: Path, tmp_path: Path
         b'{"schema": "heartbeat", "version": 1, "node": "x", "component": "c", "ts_ms": 1}', str(src.path)
     )
     s.close()
-    time.sleep(0.05)
-    assert src.collect() == [] and src.rejected == 2
+    published: list = []
+
+    def both_rejected() -> bool:
+        published.extend(src.collect())
+        return src.rejected == 2
+
+    wait_until(both_rejected, 10, lambda: f"2 datagrams rejected; rejected {src.rejected}", interval_s=0.01)
+    assert published == [] and src.rejected == 2
     src.close()

@@ -34,7 +34,7 @@ def test_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     kept = _drain(sp)
     assert sp.dropped_records == 30 - len(kept) > 0
     assert [int(v[:3]) for v in kept] == list(range(30 - len(kept), 30))  # the newest survive
-    assert sp.pending_bytes == 0
+    assert sp.pending_records == 0 and sp.total_bytes_locked() == 0
 
 
 def test_restart_keeps_records_and_ignores_torn_tail(tmp_path: Path) -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -24,6 +22,8 @@ from schemas.topics import COMMANDS, STACKS, STEPS
 from schemas.workload import StackDump, TrainingStep
 from streams.exporter.config import load_exporter_config
 from streams.exporter.service import ExporterService
+from tests.net import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +31,9 @@ RANKS = 2
 JOB_SCRIPT = Path(__file__).with_name("train_job.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
+# Two torch ranks started cold, then py-spy dumps of every process: its own waits allow up to about
+# 400 s on a loaded host, more than the 300 s default.
+@pytest.mark.timeout(600)
 def test_torch_job_steps_and_stack_capture(stack_settings: Settings, tmp_path: Path) -> None:
     from tests.exporter.kafka_helpers import TopicReader
 
@@ -62,7 +59,7 @@ def test_torch_job_steps_and_stack_capture(stack_settings: Settings, tmp_path: P
     service = ExporterService(cfg, stack_settings.kafka)
     service.start()
     procs: list[subprocess.Popen[bytes]] = []
-    port = _free_port()
+    port = free_port()
     try:
         for rank in range(RANKS):
             env = {
@@ -102,10 +99,7 @@ def test_torch_job_steps_and_stack_capture(stack_settings: Settings, tmp_path: P
             found = service.stacks.discover()
             return sum(p.role is ProcessRole.DATALOADER for p in found) >= RANKS
 
-        deadline = time.monotonic() + 60
-        while not workers_up():
-            assert time.monotonic() < deadline, "dataloader workers never appeared"
-            time.sleep(0.2)
+        wait_until(workers_up, 60, "a dataloader worker of every rank", interval_s=0.2)
         assert service.commands is not None and service.commands.ready.wait(30)
         capture = uuid.uuid4().hex
         producer = EventProducer(stack_settings.kafka)

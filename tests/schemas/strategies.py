@@ -1,6 +1,6 @@
 """Hypothesis strategies that build valid instances of any schema dataclass.
 
-Derived from the same type hints and ``rng`` metadata the codec validates against, so a new
+Derived from the same type hints and ``bounds`` metadata the codec validates against, so a new
 event type gets round-trip coverage without new test code.
 """
 

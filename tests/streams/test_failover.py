@@ -1,7 +1,9 @@
-"""Worker failure: SIGKILL mid-stream loses no decision; ClickHouse down loses no row."""
+"""Worker failure: SIGKILL mid-stream loses no decision; ClickHouse down loses no row and stops
+no detection."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import replace
@@ -13,9 +15,10 @@ from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings
 from infra.stack.clickhouse import ClickHouseServer
 from schemas.base import now_ms
-from schemas.control import Decision
+from schemas.control import Decision, Detection, JobSpec
 from schemas.enums import Action
 from schemas.topics import DECISIONS
+from schemas.topology import JobTopology
 from schemas.workload import LogLine, TrainingStep
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 
@@ -101,15 +104,50 @@ def test_clickhouse_down_for_a_while_loses_no_row(stack_settings: Settings, tmp_
             stack_settings,
             *[TrainingStep(job=job, rank=i % 8, step=i // 8, ts_ms=t0 + i, loss=1.0) for i in range(400)],
         )
-        time.sleep(8)  # inserts fail and are retried; offsets stay uncommitted
-        assert w.healthz() is not None  # the worker stays up
-        assert "trainguard_sink_failures_total" in w.metrics()
+        # The sink has a consumer group of its own: detection goes on while ClickHouse is away.
+        node = unique("node")
+        decisions = Watcher(stack_settings, DECISIONS)
+        send(stack_settings, LogLine(node=node, ts_ms=now_ms(), source="kernel", line=XID_79, job=job))
+        dec = decisions.wait_for(lambda e: isinstance(e, Decision) and e.job == job, 20)
+        decisions.close()
+        assert isinstance(dec, Decision) and dec.targets.machines == [node]
+        # Job specs reach the worker from the jobs topic, not through ClickHouse: a rank-level
+        # eviction is localised to its machine while the store is away.
+        machines = [f"{job}-m0", f"{job}-m1"]
+        topo = JobTopology(job=job, tp=2, pp=1, dp=1, ranks_per_machine=1, machines=machines)
+        decisions = Watcher(stack_settings, DECISIONS)
+        send(stack_settings, JobSpec(job=job, ts_ms=now_ms(), topology=topo))
+        time.sleep(1.0)
+        rank_fault = Detection(
+            detection_id=unique("det"),
+            ts_ms=now_ms(),
+            job=job,
+            kind="test-rank-fault",
+            category="gpu_unavailable",
+            action=Action.EVICT,
+            ranks=[1],
+            source_ts_ms=now_ms(),
+        )
+        send(stack_settings, rank_fault)
+        evict = decisions.wait_for(
+            lambda e: isinstance(e, Decision) and e.job == job and e.targets.ranks == [1], 20
+        )
+        decisions.close()
+        assert isinstance(evict, Decision) and evict.targets.machines == [machines[1]]
+        time.sleep(4)  # inserts fail and are retried; offsets stay uncommitted
+        health = w.healthz()
+        assert health is not None and health["ok"]  # the worker stays up and healthy
+        failures = re.search(r"^trainguard_sink_failures_total (\S+)$", w.metrics(), re.M)
+        assert failures is not None and float(failures.group(1)) > 0
         server.start()
         server.wait_healthy(30)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and store.count("training_steps", "job = %(j)s", {"j": job}) < 400:
             time.sleep(0.5)
         assert store.count("training_steps", "job = %(j)s", {"j": job}) == 400
+        while time.monotonic() < deadline and not store.count("decisions", "job = %(j)s", {"j": job}):
+            time.sleep(0.5)
+        assert store.count("decisions", "decision_id = %(d)s", {"d": dec.decision_id}) == 1
     finally:
         w.stop()
         server.stop()

@@ -181,7 +181,7 @@ def test_stalled_rank_is_localised_and_its_pipeline_evicted(
     commands, decisions = Watcher(stack_settings, COMMANDS), Watcher(stack_settings, DECISIONS)
     t0 = now_ms()
     send(stack_settings, JobSpec(job=job, ts_ms=t0, topology=topo))
-    time.sleep(1.0)  # the spec reaches the worker's job directory through the sink
+    time.sleep(1.0)  # every worker follows the jobs topic into its job directory
     send(
         stack_settings,
         *[

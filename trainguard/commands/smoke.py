@@ -1,8 +1,9 @@
 """``trainguard smoke``: events through Kafka into ClickHouse, then a postmortem-style query.
 
 Proves the stack end to end: produce GPU samples, step telemetry, an Xid kernel-log line and one
-garbage record with kafka-python; run the sink (a consumer group) until every row is stored; print
-what ClickHouse says about the run.  The garbage record must come back as a dead letter.
+garbage record with kafka-python; run the sink (``infra.sink.Sink``, the loop every stream worker
+runs, here in its own consumer group) until every row is stored; print what ClickHouse says about
+the run.  The garbage record must come back as a dead letter.
 """
 
 from __future__ import annotations

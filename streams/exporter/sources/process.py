@@ -8,6 +8,7 @@ When a tracked process ends, a :class:`~schemas.workload.ProcessExit` is publish
 exit code or signal when the process was seen as a zombie (``/proc/PID/stat`` field 52 holds its
 wait status), otherwise with the reason alone (a non-parent cannot wait() for it; the reporter
 inside the process reports its own exit reason).  The same discovery serves stack capture.
+Processes are read through :class:`infra.proctable.ProcTable` on the configured root's ``proc``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.proctable import ProcStat, ProcTable
 from schemas.base import Event, now_ms
 from schemas.enums import ProcessRole
 from schemas.workload import ProcessExit, ProcessInfo
@@ -30,40 +32,6 @@ log = logging.getLogger(__name__)
 DATALOADER_COMM = "pt_data_worker"
 
 
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    comm: str
-    state: str
-    ppid: int
-    starttime: int
-    #: the wait status of a zombie (Linux >= 3.5 exposes it), else None.
-    exit_status: int | None = None
-
-
-def parse_stat(text: str) -> ProcStat:
-    """``/proc/PID/stat``; the name may hold spaces and parentheses, so split at the last ``)``.
-
-    >>> s = parse_stat("4242 (python (x)) Z 4200 4242 4200 0 -1 4194560 " + "0 " * 42 + "256")
-    >>> (s.pid, s.comm, s.state, s.ppid, s.exit_status)
-    (4242, 'python (x)', 'Z', 4200, 256)
-    """
-    head, _, rest = text.rpartition(")")
-    pid_text, _, comm = head.partition(" (")
-    fields = rest.split()
-    if len(fields) < 20:
-        raise ValueError(f"truncated stat line: {text[:80]!r}")
-    exit_status = int(fields[49]) if len(fields) > 49 and fields[0] == "Z" else None
-    return ProcStat(
-        pid=int(pid_text),
-        comm=comm,
-        state=fields[0],
-        ppid=int(fields[1]),
-        starttime=int(fields[19]),
-        exit_status=exit_status,
-    )
-
-
 def decode_wait_status(status: int) -> tuple[int | None, int | None]:
     """(exit code, signal) of a wait status.
 
@@ -73,20 +41,6 @@ def decode_wait_status(status: int) -> tuple[int | None, int | None]:
     if status & 0x7F == 0:
         return (status >> 8) & 0xFF, None
     return None, status & 0x7F
-
-
-def parse_environ(raw: bytes) -> dict[str, str]:
-    """``/proc/PID/environ`` (NUL-separated ``K=V``).
-
-    >>> parse_environ(b"RANK=3\\x00WORLD_SIZE=8\\x00junk\\x00")
-    {'RANK': '3', 'WORLD_SIZE': '8'}
-    """
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return out
 
 
 @dataclass(frozen=True)
@@ -114,41 +68,11 @@ class TrackedProcess:
         )
 
 
-def _read_bytes(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
-def scan_stats(proc: Path) -> dict[int, ProcStat]:
-    """Every readable ``/proc/PID/stat``; vanished or garbled processes are skipped."""
-    out: dict[int, ProcStat] = {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            out[int(name)] = parse_stat(read_text(proc / name / "stat"))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def cmdline_of(proc: Path, pid: int) -> str:
-    try:
-        return (
-            _read_bytes(proc / str(pid) / "cmdline").replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        )
-    except OSError:
-        return ""
-
-
-def rank_of(proc: Path, pid: int, env_name: str) -> int | None:
+def rank_of(table: ProcTable, pid: int, env_name: str) -> int | None:
     """The rank from the process's environment (``RANK``), else from a ``--rank N`` argument."""
-    try:
-        value = parse_environ(_read_bytes(proc / str(pid) / "environ")).get(env_name)
-    except OSError:  # not ours to read, or gone
-        value = None
+    value = (table.environ(pid) or {}).get(env_name)
     if value is None:
-        argv = cmdline_of(proc, pid).split()
+        argv = table.cmdline(pid).split()  # a renamed process has one space-separated title
         if "--rank" in argv[:-1]:
             value = argv[argv.index("--rank") + 1]
     try:
@@ -157,7 +81,9 @@ def rank_of(proc: Path, pid: int, env_name: str) -> int | None:
         return None
 
 
-def select_pids(cfg: ProcessConfig, proc: Path, cgroup_root: Path, stats: dict[int, ProcStat]) -> set[int]:
+def select_pids(
+    cfg: ProcessConfig, table: ProcTable, cgroup_root: Path, stats: dict[int, ProcStat]
+) -> set[int]:
     """The pids the config names: explicit pids, a cgroup's members, command-line matches."""
     chosen = {p for p in cfg.pids if p in stats}
     if cfg.cgroup:
@@ -170,13 +96,13 @@ def select_pids(cfg: ProcessConfig, proc: Path, cgroup_root: Path, stats: dict[i
         pattern = re.compile(cfg.cmd_pattern)
         me = os.getpid()
         for pid in stats:
-            if pid != me and pattern.search(cmdline_of(proc, pid)):
+            if pid != me and pattern.search(table.cmdline(pid)):
                 chosen.add(pid)
     return chosen
 
 
 def build_tree(
-    cfg: ProcessConfig, proc: Path, stats: dict[int, ProcStat], selected: set[int]
+    cfg: ProcessConfig, table: ProcTable, stats: dict[int, ProcStat], selected: set[int]
 ) -> list[TrackedProcess]:
     """Selected roots (no selected ancestor) and all their descendants, with roles and ranks."""
     children: dict[int, list[int]] = {}
@@ -200,8 +126,8 @@ def build_tree(
     while stack:
         pid, parent_rank = stack.pop(0)
         st = stats[pid]
-        cmdline = cmdline_of(proc, pid)
-        own = rank_of(proc, pid, cfg.rank_env)
+        cmdline = table.cmdline(pid)
+        own = rank_of(table, pid, cfg.rank_env)
         rank = own if own is not None else parent_rank
         if st.comm == DATALOADER_COMM:
             role = ProcessRole.DATALOADER
@@ -229,18 +155,10 @@ def build_tree(
 
 
 def discover(cfg: ProcessConfig, proc: Path, cgroup_root: Path) -> list[TrackedProcess]:
-    """The job's process trees on this node right now."""
-    stats = scan_stats(proc)
-    return build_tree(cfg, proc, stats, select_pids(cfg, proc, cgroup_root, stats))
-
-
-def main_of(procs: list[TrackedProcess], p: TrackedProcess) -> TrackedProcess | None:
-    """The rank's main process of ``p`` (itself if it is one)."""
-    by_pid = {q.pid: q for q in procs}
-    cur: TrackedProcess | None = p
-    while cur is not None and cur.role is not ProcessRole.MAIN:
-        cur = by_pid.get(cur.ppid)
-    return cur
+    """The job's process trees on this node right now (``proc``: the procfs directory)."""
+    table = ProcTable(proc)
+    stats = table.stats()
+    return build_tree(cfg, table, stats, select_pids(cfg, table, cgroup_root, stats))
 
 
 class ProcessSource:

@@ -1,0 +1,224 @@
+"""The result of `trainguard demo`: each incident's timeline and the ETTR, measured from ClickHouse.
+
+:func:`build_summary` turns the injections of a finished run into the summary JSON
+(``--summary-json``) and :func:`print_timeline` prints it.  Timeline columns, all relative to the
+injection: *detected* (the first actionable detection, or the machine's own NIC finding for a
+flap that is tolerated), *localised* (the first decision that names the culprit machines),
+*decided* (the first decision that starts a recovery), *recovered* (the first training step after
+the last of those recoveries ended: training is running again, not merely "the action service is
+done").
+
+:func:`recoveries_since` and :func:`first_step_after` also tell the scenario loop
+(:mod:`trainguard_demo.run`) when a fault has been handled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import click
+
+from infra.clickhouse.postmortem import ettr, sliding_ettr
+from infra.clickhouse.store import ClickHouseStore
+
+if TYPE_CHECKING:
+    from trainguard_demo.baseline import BaselineSupervisor
+
+#: Decision actions that start no recovery.
+NOT_ACTING = ("aggregate", "none", "ignore")
+
+#: Later than any injection: the upper bound of the last incident's window.
+_END_OF_TIME_MS = 1 << 62
+
+
+class Recovery(NamedTuple):
+    """One decision's recovery as the action service reported it."""
+
+    decision_id: str
+    action: str
+    phase: str  # the last recovery phase reported: started, succeeded, failed, held, ...
+    ts_ms: int  # when that phase was reported
+
+
+def recoveries_since(store: ClickHouseStore, job: str, t_ms: int) -> list[Recovery]:
+    """The recovery of each decision for ``job`` since ``t_ms``."""
+    rows = store.query(
+        # One row per decision on each side: ANY JOIN keeps a single right-hand match.
+        "SELECT decision_id, d.action, a.phase, a.ts FROM "
+        "(SELECT decision_id, any(action) AS action FROM decisions FINAL "
+        " WHERE job = %(j)s AND ts_ms >= %(t)s GROUP BY decision_id) AS d ANY INNER JOIN "
+        "(SELECT decision_id, argMax(phase, ts_ms) AS phase, max(ts_ms) AS ts FROM action_events FINAL "
+        " WHERE job = %(j)s AND step = 'recovery' GROUP BY decision_id) AS a USING decision_id",
+        {"j": job, "t": t_ms},
+    )
+    return [
+        Recovery(str(decision_id), str(action), str(phase), int(ts))
+        for decision_id, action, phase, ts in rows
+    ]
+
+
+def first_step_after(store: ClickHouseStore, job: str, ts_ms: int) -> int | None:
+    """When rank 0 of ``job`` reported its first training step after ``ts_ms``."""
+    rows = store.query(
+        "SELECT min(ts_ms) FROM training_steps WHERE job = %(j)s AND rank = 0 AND ts_ms > %(t)s",
+        {"j": job, "t": ts_ms},
+    )
+    return int(rows[0][0]) if rows and rows[0][0] else None
+
+
+def build_summary(
+    store: ClickHouseStore,
+    job: str,
+    injected: list[dict[str, Any]],
+    baseline: BaselineSupervisor | None = None,
+) -> dict[str, Any]:
+    """The summary JSON: every incident's timeline, the ETTRs, and the baseline's when it ran.
+
+    ``injected`` lists the scenario's injections in order (``fault``, ``machine``,
+    ``injected_at`` in seconds, ``progressed``); each incident's window ends at the next one.
+    """
+    incidents = []
+    for index, injection in enumerate(injected):
+        t_next = (
+            int(injected[index + 1]["injected_at"] * 1000) if index + 1 < len(injected) else _END_OF_TIME_MS
+        )
+        incidents.append(_incident(store, job, injection, t_next))
+    job_ettr = ettr(store, job)
+    summary: dict[str, Any] = {
+        "job": job,
+        "ettr": round(job_ettr.ettr, 4),
+        "baseline_ettr": None,
+        "productive_s": round(job_ettr.productive_s, 1),
+        "wall_s": round(job_ettr.wall_s, 1),
+        "sliding_ettr_min": _min_sliding(store, job),
+        "incidents": incidents,
+    }
+    if baseline is not None:
+        baseline_ettr = ettr(store, baseline.spec.job)
+        summary["baseline_ettr"] = round(baseline_ettr.ettr, 4)
+        summary["baseline"] = {
+            "job": baseline.spec.job,
+            "productive_s": round(baseline_ettr.productive_s, 1),
+            "wall_s": round(baseline_ettr.wall_s, 1),
+            "requeues": baseline.requeues,
+            "incidents": baseline.incidents(),
+        }
+    return summary
+
+
+def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_next: int) -> dict[str, Any]:
+    """One incident's timeline: what happened between its injection and ``t_next``."""
+    t_ms = int(injection["injected_at"] * 1000)
+    detected_ms = _first_ts(
+        store,
+        "SELECT min(ts_ms) FROM detections FINAL WHERE job = %(j)s AND ts_ms >= %(t)s "
+        "AND ts_ms < %(n)s AND (action NOT IN ('none', 'ignore') "
+        "OR (node = %(m)s AND kind LIKE 'nic-%%'))",
+        job, t_ms, t_next, m=injection["machine"],
+    )  # fmt: skip
+    localised_ms = _first_ts(
+        store,
+        "SELECT min(ts_ms) FROM decisions FINAL WHERE job = %(j)s AND ts_ms >= %(t)s "
+        "AND ts_ms < %(n)s AND notEmpty(machines) AND action NOT IN ('none', 'ignore')",
+        job, t_ms, t_next,
+    )  # fmt: skip
+    recoveries = [rec for rec in recoveries_since(store, job, t_ms) if rec.ts_ms < t_next]
+    acting = sorted((rec for rec in recoveries if rec.action not in NOT_ACTING), key=lambda rec: rec.ts_ms)
+    decided_ms = _first_ts(
+        store,
+        "SELECT min(ts_ms) FROM decisions FINAL WHERE job = %(j)s AND ts_ms >= %(t)s "
+        "AND ts_ms < %(n)s AND has(%(ids)s, decision_id)",
+        job, t_ms, t_next, ids=[rec.decision_id for rec in acting] or [""],
+    )  # fmt: skip
+    succeeded = [
+        rec for rec in acting if rec.phase == "succeeded" and not _superseded(store, rec.decision_id)
+    ]
+    recovered_ms = first_step_after(store, job, max(rec.ts_ms for rec in succeeded)) if succeeded else None
+    action = _recovery_path(store, succeeded[0].decision_id) if succeeded else None
+    failed = [rec for rec in acting if rec.phase in ("failed", "held")]
+
+    def since_injection(ms: int | None) -> float | None:
+        return None if ms is None else round((ms - t_ms) / 1000, 2)
+
+    return {
+        "fault": injection["fault"],
+        "machine": injection["machine"],
+        "injected_at": round(injection["injected_at"], 3),
+        "detected_s": since_injection(detected_ms),
+        "localised_s": since_injection(localised_ms),
+        "decided_s": since_injection(decided_ms),
+        "recovered_s": since_injection(recovered_ms),
+        "action": action or ("tolerated" if detected_ms and not acting else None),
+        "recovered": injection["progressed"] and not failed,
+    }
+
+
+def _first_ts(
+    store: ClickHouseStore, sql: str, job: str, t_ms: int, t_next: int, **params: Any
+) -> int | None:
+    """The single timestamp ``sql`` selects for ``job`` in the window ``[t_ms, t_next)``."""
+    rows = store.query(sql, {"j": job, "t": t_ms, "n": t_next, **params})
+    return int(rows[0][0]) if rows and rows[0][0] else None
+
+
+def _superseded(store: ClickHouseStore, decision_id: str) -> bool:
+    """Whether the decision's recovery was superseded or ignored rather than carried out."""
+    rows = store.query(
+        "SELECT count() FROM action_events FINAL WHERE decision_id = %(d)s AND step = 'recovery' "
+        "AND (detail LIKE 'superseded%%' OR detail LIKE 'ignored%%')",
+        {"d": decision_id},
+    )
+    return bool(rows and rows[0][0])
+
+
+def _recovery_path(store: ClickHouseStore, decision_id: str) -> str | None:
+    """The recovery path (``path=...`` of its start event) the decision's recovery took."""
+    rows = store.query(
+        "SELECT detail FROM action_events FINAL WHERE decision_id = %(d)s AND step = 'recovery' "
+        "AND phase = 'started'",
+        {"d": decision_id},
+    )
+    detail = str(rows[0][0]) if rows else ""
+    return detail.split("path=")[1].split()[0] if "path=" in detail else None
+
+
+def _min_sliding(store: ClickHouseStore, job: str) -> float | None:
+    """The lowest 1-hour sliding ETTR (windows start at the first step: a run shorter than an hour
+    gives the ETTR of every prefix)."""
+    windows = sliding_ettr(store, job)
+    return round(min(window for _, window in windows), 4) if windows else None
+
+
+def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
+    """Print the summary of :func:`build_summary`: the incident table, then the ETTRs."""
+    echo("\nIncident timeline (seconds after injection)")
+    echo(
+        f"{'fault':<17}{'machine':<16}{'detected':>9}{'localised':>10}{'decided':>9}{'recovered':>10}"
+        f"  {'action':<10}ok"
+    )
+
+    def seconds(value: Any) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    for incident in summary["incidents"]:
+        echo(
+            f"{incident['fault']:<17}{incident['machine']:<16}{seconds(incident['detected_s']):>9}"
+            f"{seconds(incident['localised_s']):>10}{seconds(incident['decided_s']):>9}"
+            f"{seconds(incident['recovered_s']):>10}  {incident['action']!s:<10}"
+            f"{'yes' if incident['recovered'] else 'NO'}"
+        )
+    echo(
+        f"\nETTR (ClickHouse): {summary['ettr']:.1%} over {summary['wall_s']:.0f}s wall "
+        f"({summary['productive_s']:.0f}s productive)"
+    )
+    if summary.get("sliding_ettr_min") is not None:
+        echo(f"Lowest 1-hour sliding ETTR: {summary['sliding_ettr_min']:.1%}")
+    baseline = summary.get("baseline")
+    if baseline:
+        echo(
+            f"Baseline ETTR (same scenario; timeout detection, {baseline['requeues']} cold requeue(s); "
+            f"measured the same way): {summary['baseline_ettr']:.1%} over {baseline['wall_s']:.0f}s wall "
+            f"({baseline['productive_s']:.0f}s productive)"
+        )
+    else:
+        echo("Baseline: not run (--no-baseline)")

@@ -1,0 +1,243 @@
+"""The detection path's routing, in one place: which stage reads which topic, what each stage does
+with an event, and how one stage's output reaches the next.
+
+The stream worker runs one Faust agent per stage (``streams/agents/``) with Kafka between the
+stages; the offline replay (:mod:`detectors.replay`) calls the stages directly, on the records'
+own clock.  Both go through :data:`INPUTS` and :class:`DetectionPath`, so they cannot drift:
+
+=============  ===================================  ==============================================
+stage          input topics                         what it does
+=============  ===================================  ==============================================
+inspection     GPU, NIC and host samples, log lines rule table with count/window thresholds
+anomaly        GPU samples                          per-node anomaly score -> ``info`` detection
+training       steps, exits                         one job monitor per job (exits need a job);
+                                                    stall/straggler checks on a timer
+decide         detections                           decision policy; a node-less eviction is
+                                                    localised with the job's topology
+aggregation    decisions, stack dumps               an ``aggregate`` decision opens a stack capture
+                                                    (a command per machine); dumps are filed; due
+                                                    captures become over-eviction detections
+job_specs      job specs                            the job directory (latest spec per job wins)
+=============  ===================================  ==============================================
+
+Every output is an event for its registry topic (:func:`schemas.topics.topic_for`): a detection
+goes to the decide stage, a decision to aggregation, a command to the machines.  Lookups that
+need I/O (a job's topology) are split in two: :func:`needs_topology` and
+:meth:`DetectionPath.wants_capture` tell the caller whether to look it up, then
+:meth:`DetectionPath.decide` and :meth:`DetectionPath.start_capture` act on the answer.  The
+caller supplies the clock and decides where :meth:`DetectionPath.analyze` runs (the worker: in a
+thread, off its event loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from detectors.capture import AggregationConfig, Capture, Captures
+from detectors.decide import DecideConfig, DecisionPolicy
+from detectors.job_monitor import JobMonitor, MonitorConfig
+from detectors.node_anomaly import NodeAnomalyScorer
+from detectors.node_inspector import HostThresholds, NodeInspector
+from schemas.base import Event
+from schemas.control import Decision, Detection, JobSpec
+from schemas.enums import Action
+from schemas.telemetry import GpuSampleBatch
+from schemas.topics import (
+    DECISIONS,
+    DETECTIONS,
+    EXITS,
+    GPU,
+    HOST,
+    JOBS,
+    LOGS,
+    NIC,
+    STACKS,
+    STEPS,
+    Topic,
+    topic_for,
+)
+from schemas.topology import JobTopology
+from schemas.workload import ProcessExit, StackDump, TrainingStep
+
+INSPECTION = "inspection"
+ANOMALY = "anomaly"
+TRAINING = "training"
+DECIDE = "decide"
+AGGREGATION = "aggregation"
+JOB_SPECS = "job_specs"
+
+#: stage -> the topics it consumes (the worker's agent for the stage subscribes to exactly these).
+INPUTS: dict[str, tuple[Topic, ...]] = {
+    INSPECTION: (GPU, NIC, HOST, LOGS),
+    ANOMALY: (GPU,),
+    TRAINING: (STEPS, EXITS),
+    DECIDE: (DETECTIONS,),
+    AGGREGATION: (DECISIONS, STACKS),
+    JOB_SPECS: (JOBS,),
+}
+#: the stages that turn telemetry into detections (:meth:`DetectionPath.findings`).
+TELEMETRY_STAGES = (INSPECTION, ANOMALY, TRAINING)
+#: the aggregation stage's timer: how often due captures are closed and analysed.
+CAPTURE_TICK_S = 1.0
+
+
+def stages_of(topic: str) -> tuple[str, ...]:
+    """The stages that consume ``topic`` (in :data:`INPUTS` order)."""
+    return tuple(stage for stage, topics in INPUTS.items() if any(t.name == topic for t in topics))
+
+
+def stages_for(ev: Event) -> tuple[str, ...]:
+    """The stages that consume ``ev`` once it is published to its registry topic."""
+    try:
+        return stages_of(topic_for(ev).name)
+    except KeyError:
+        return ()
+
+
+def needs_topology(det: Detection) -> bool:
+    """Whether deciding on ``det`` needs the job's topology: an eviction without a node to evict."""
+    return det.action is Action.EVICT and not det.node
+
+
+def newer_spec(spec: JobSpec, known: JobSpec | None) -> bool:
+    """Whether ``spec`` replaces ``known`` as its job's spec (the latest one wins)."""
+    return known is None or known.ts_ms <= spec.ts_ms
+
+
+class PathSettings(Protocol):
+    """The detector settings of the path: the worker config and the replay config both have them."""
+
+    @property
+    def monitor(self) -> MonitorConfig: ...
+    @property
+    def decide(self) -> DecideConfig: ...
+    @property
+    def host(self) -> HostThresholds: ...
+    @property
+    def aggregation(self) -> AggregationConfig: ...
+    @property
+    def anomaly_detector(self) -> str: ...
+    @property
+    def anomaly_threshold(self) -> float: ...
+
+
+class DetectionPath:
+    """The detectors of every stage and what each stage does with its input; pure, no I/O.
+
+    One instance per worker (or replay): the agents share it, each calling its own stage.
+    """
+
+    def __init__(self, config: PathSettings) -> None:
+        self.config = config
+        self.inspector = NodeInspector(host=config.host)
+        self.anomaly = NodeAnomalyScorer()
+        self.monitors: dict[str, JobMonitor] = {}
+        self.policy = DecisionPolicy(config.decide)
+        self.captures = Captures(config.aggregation)
+
+    def reconfigure(self, config: PathSettings) -> None:
+        """Apply changed thresholds to every live detector (their state is kept)."""
+        self.config = config
+        self.inspector.host = config.host
+        self.policy.config = config.decide
+        self.captures.config = config.aggregation
+        for m in self.monitors.values():
+            m.config = config.monitor
+            m.spike.config, m.stall.config = m.config.spike, m.config.stall
+            m.straggler.config, m.mfu.config = m.config.straggler, m.config.mfu
+
+    # -- inspection, anomaly, training: telemetry -> detections ---------------------------------
+
+    def findings(self, stage: str, ev: Event, now_ms: int) -> list[Detection]:
+        """What telemetry stage ``stage`` detects in ``ev``."""
+        if stage == INSPECTION:
+            return self.inspector.inspect(ev, now_ms)
+        if stage == ANOMALY:
+            if not isinstance(ev, GpuSampleBatch):
+                return []
+            c = self.config
+            det = self.anomaly.observe(ev, c.anomaly_detector, c.anomaly_threshold, now_ms)
+            return [det] if det is not None else []
+        if stage == TRAINING:
+            if isinstance(ev, TrainingStep):
+                return self.monitor(ev.job).on_step(ev, now_ms)
+            if isinstance(ev, ProcessExit) and ev.job:  # an exit outside any job concerns no monitor
+                return self.monitor(ev.job).on_exit(ev, now_ms)
+            return []
+        raise ValueError(f"{stage!r} is not a telemetry stage")
+
+    def monitor(self, job: str) -> JobMonitor:
+        if job not in self.monitors:
+            self.monitors[job] = JobMonitor(job, self.config.monitor)
+        return self.monitors[job]
+
+    def check(
+        self, now_ms: int, stream_now_ms: int | None = None, keep: Callable[[str], bool] | None = None
+    ) -> list[Detection]:
+        """The training stage's timer: time-based findings (stall, stragglers) of every job.
+
+        Jobs for which ``keep`` says no are forgotten first (their partition moved elsewhere)."""
+        out: list[Detection] = []
+        for job in list(self.monitors):
+            if keep is not None and not keep(job):
+                del self.monitors[job]
+                continue
+            out.extend(self.monitors[job].check(now_ms, stream_now_ms))
+        return out
+
+    # -- decide: detections -> decisions --------------------------------------------------------
+
+    def decide(self, det: Detection, now_ms: int, topology: JobTopology | None = None) -> Decision | None:
+        """The decision for ``det`` (None: recorded only, or de-duplicated).
+
+        ``topology`` is needed only where :func:`needs_topology` says so."""
+        return self.policy.decide(det, now_ms, topology if needs_topology(det) else None)
+
+    def remember(self, dec: Decision) -> None:
+        """Take ``dec``, decided before this path started, as decided (dedup window, capture cooldown)."""
+        self.policy.remember(dec)
+        if dec.action is Action.AGGREGATE:
+            last = self.captures.last_capture_ms.get(dec.job, dec.ts_ms)
+            self.captures.last_capture_ms[dec.job] = max(last, dec.ts_ms)
+
+    # -- aggregation: aggregate decisions and stack dumps -> commands, then detections ----------
+
+    def wants_capture(self, dec: Decision, now_ms: int) -> bool:
+        """Whether ``dec`` opens a stack capture now: an ``aggregate`` decision, none pending for its
+        job and the cooldown over.  If so, look up the job's topology and :meth:`start_capture`."""
+        return dec.action is Action.AGGREGATE and self.captures.wants(dec.job, now_ms)
+
+    def start_capture(self, dec: Decision, topology: JobTopology | None, now_ms: int) -> list[Event]:
+        """Open the capture ``dec`` asks for: one ``capture_stacks`` command per machine of the job,
+        or, without a topology to ask, a detection asking for stop-time diagnosis instead."""
+        started = self.captures.start(dec, topology, now_ms)
+        if isinstance(started, Detection):
+            return [started]
+        return list(self.captures.commands(started))
+
+    def add_dump(self, dump: StackDump, by_job: bool = False) -> bool:
+        """File ``dump`` under its pending capture (False: none pending).
+
+        ``by_job``: under the pending capture of the dump's job, whatever its capture id (a replay
+        of recorded dumps, which carry the recording run's capture ids)."""
+        if not by_job:
+            return self.captures.add(dump)
+        cap = next((c for c in self.captures.pending.values() if c.job == dump.job), None)
+        if cap is None:
+            return False
+        cap.add(dump)
+        return True
+
+    def due_captures(self, now_ms: int) -> list[Capture]:
+        """The aggregation timer: the captures ready for :meth:`analyze` (complete or past deadline)."""
+        return self.captures.due(now_ms)
+
+    @staticmethod
+    def analyze(cap: Capture, now_ms: int) -> Detection:
+        """The over-eviction verdict on a closed capture; an analysis that raised asks for diagnosis
+        instead (kind ``aggregation_failed``, the error in its evidence)."""
+        try:
+            return cap.analyze(now_ms)
+        except Exception as exc:  # a bad capture must not stop the stage
+            return cap.failed(str(exc), now_ms)

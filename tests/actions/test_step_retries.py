@@ -1,0 +1,70 @@
+"""A recovery step's retries wait by the step policy's backoff (no broker: the runner alone)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from actions.config import ActionsConfig, StepPolicy
+from actions.errors import TemporaryError
+from actions.executors.base import ExecutorEnv, StepContext
+from actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from actions.progress import ProgressStore
+from actions.recovery import RecoveryRunner
+from actions.state import RecoveryState
+from schemas.control import ActionEvent, JobSpec
+from schemas.enums import Action
+from tests.actions.conftest import job_spec, make_decision
+
+
+class RecordingStop(threading.Event):
+    """A stop event whose waits return at once and are recorded (the backoff under test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(float(timeout or 0.0))
+        return False
+
+
+class FlakyRestart(DryRunExecutor):
+    """``restart`` fails with these delays (None: no delay asked) before it succeeds."""
+
+    def __init__(self, env: ExecutorEnv, delays: list[float | None]) -> None:
+        super().__init__(DryRunConfig(), env)
+        self.delays = list(delays)
+
+    def restart(self, spec: JobSpec, ctx: StepContext) -> None:
+        if self.delays:
+            raise TemporaryError("not yet", delay=self.delays.pop(0))
+        super().restart(spec, ctx)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.actions: list[ActionEvent] = []
+
+    def action(self, event: ActionEvent) -> None:
+        self.actions.append(event)
+
+    def job_spec(self, spec: JobSpec) -> None:
+        pass
+
+
+def test_step_retries_back_off_exponentially_and_honour_the_executors_delay(tmp_path: Path) -> None:
+    job = "job-retries"
+    spec = job_spec(job)
+    cfg = ActionsConfig(step=StepPolicy(retries=6, backoff_s=1.0, backoff_max_s=4.0), spec_wait_s=0)
+    executor = FlakyRestart(ExecutorEnv(state_dir=tmp_path / "executor"), [None, None, 10.0, None, None])
+    store, stop, events = ProgressStore(tmp_path / "progress.sqlite"), RecordingStop(), Events()
+    runner = RecoveryRunner(cfg, store, executor, events, lambda _job: spec, stop=stop)
+    decision = make_decision(job, Action.DIAGNOSE)
+    assert store.accept(decision, decision.ts_ms)
+    rec = runner.run(decision.decision_id)
+    assert rec.state is RecoveryState.SUCCEEDED
+    # 1, 2, then the executor's 10 s, then doubling from it, capped at 4 s.
+    assert stop.waits == [1.0, 2.0, 10.0, 4.0, 4.0]
+    failed = [e.detail for e in events.actions if e.step == "restart" and e.phase.value == "failed"]
+    assert [d.rsplit("retrying in ", 1)[-1] for d in failed] == ["1 s", "2 s", "10 s", "4 s", "4 s"]

@@ -1,0 +1,53 @@
+"""The one process-table reader: a fixture procfs tree and this host's live ``/proc``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.proctable import LIVE, ProcTable
+
+FIXTURE_PROC = Path(__file__).parents[1] / "exporter" / "fixtures" / "root" / "proc"
+
+
+def test_fixture_tree() -> None:
+    table = ProcTable(FIXTURE_PROC)
+    stats = table.stats()
+    assert 999 not in stats and 101 in stats  # a garbled stat line is skipped, not an error
+    assert table.stat(999) is None and table.stat(4_000_000) is None
+    assert stats[201].comm == "python3 (rank 1)" and stats[201].ppid == 100
+    assert table.alive(101) and not table.alive(104)  # 104 is a zombie
+    assert stats[104].exit_status is not None
+    assert table.ppid(101) == 100 and table.ppid(4_000_000) == 0
+    assert table.argv(101) == ["/usr/bin/python3", "-u", "train.py", "--config", "llama.yaml"]
+    assert table.cmdline(101) == "/usr/bin/python3 -u train.py --config llama.yaml"
+    assert table.argv(300) == ["sshd: /usr/sbin/sshd -D"]  # a renamed process: one title
+    assert table.argv(104) == [] and table.cmdline(4_000_000) == ""
+    env = table.environ(101)
+    assert env is not None and env["RANK"] == "0"
+    assert table.environ(4_000_000) is None
+    assert table.exists(101) and not table.exists(4_000_000) and not table.exists(0)
+    assert ProcTable(FIXTURE_PROC / "nope").pids() == []
+
+
+def test_live_table_sees_zombies_and_reaped_children() -> None:
+    me = os.getpid()
+    assert LIVE.alive(me) and LIVE.ppid(me) == os.getppid()
+    assert LIVE.argv(me)[0] and LIVE.environ(me) is not None
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert LIVE.alive(child.pid) and LIVE.ppid(child.pid) == me
+        assert child.pid in LIVE.pids()
+        child.kill()
+        deadline = time.monotonic() + 10
+        while LIVE.alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = LIVE.stat(child.pid)  # not reaped yet: a zombie, which is not alive
+        assert st is not None and st.state == "Z" and not st.alive and LIVE.exists(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not LIVE.alive(child.pid) and LIVE.stat(child.pid) is None
