@@ -119,8 +119,10 @@ class WorkerContext:
         Not group-consumed: each worker reads every partition itself (no offsets committed), so
         what the topic says reaches every worker, whichever partitions its agents own.  If the
         broker goes away the reader starts over after a pause (``handle`` must be idempotent).
+        How far it got is the ``trainguard_follow_offset`` gauge (per partition, the offset of the
+        next record to read: a record has been handled once the gauge has passed its offset).
         """
-        kafka = self.settings.kafka
+        kafka, followed = self.settings.kafka, self.metrics.followed
 
         async def read(backoff: Backoff) -> None:
             from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -134,9 +136,11 @@ class WorkerContext:
                 backoff.reset()
                 while True:
                     batches = await consumer.getmany(timeout_ms=1000)
-                    for records in batches.values():
+                    for tp, records in batches.items():
                         for rec in records:
                             handle(rec.value)
+                        if records:
+                            followed.labels(topic.name, str(tp.partition)).set(records[-1].offset + 1)
             finally:
                 await consumer.stop()
 

@@ -57,6 +57,12 @@ class WorkerMetrics:
         self.sink_buffered = Gauge(
             "trainguard_sink_buffered", "Records the sink has read but not stored yet", registry=r
         )
+        self.followed = Gauge(
+            "trainguard_follow_offset",
+            "Offset of the next record this worker's own reader of a topic (jobs, control) reads",
+            ["topic", "partition"],
+            registry=r,
+        )
         self._last_progress: dict[str, float] = {}
         #: last time an agent was seen waiting on a dependency (the sink retrying ClickHouse).
         self._waiting: dict[str, float] = {}

@@ -10,7 +10,6 @@ a worker started later folds in all earlier changes too.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,6 @@ from schemas.topics import CONTROL
 from schemas.typecheck import to_plain
 from streams.config import WorkerConfig
 from streams.context import WorkerContext
-from streams.kafka_compat import aiokafka_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -43,25 +41,6 @@ def apply_change(cfg: WorkerConfig, path: str, value: Any) -> WorkerConfig:
 
 
 def register(ctx: WorkerContext, on_change: Callable[[WorkerConfig], None]) -> None:
-    async def follow_control_topic() -> None:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
-
-        consumer = AIOKafkaConsumer(
-            **aiokafka_kwargs(ctx.settings.kafka), group_id=None, enable_auto_commit=False
-        )
-        await consumer.start()
-        try:
-            parts = [TopicPartition(CONTROL.name, p) for p in range(CONTROL.partitions)]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            while True:
-                batches = await consumer.getmany(timeout_ms=1000)
-                for records in batches.values():
-                    for rec in records:
-                        handle(rec.value)
-        finally:
-            await consumer.stop()
-
     def handle(raw: bytes | None) -> None:
         try:
             cmd = decode(raw, expect=Command)
@@ -82,13 +61,6 @@ def register(ctx: WorkerContext, on_change: Callable[[WorkerConfig], None]) -> N
         on_change(new)
         log.info("applied %s = %r (command %s)", cmd.args.get("path"), cmd.args.get("value"), cmd.command_id)
 
-    @ctx.app.task
-    async def control() -> None:
-        while True:
-            try:
-                await follow_control_topic()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the broker away: retry; thresholds keep their last values
-                log.warning("control topic reader failed (%s); retrying", exc)
-                await asyncio.sleep(2.0)
+    # Every change on every worker, from the start of the topic (re-applying them in order after a
+    # reconnect ends at the same config); the broker away: thresholds keep their last values.
+    ctx.follow(CONTROL, handle, "control")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 import uuid
 from collections.abc import Callable
 
@@ -16,6 +16,7 @@ from schemas.base import now_ms
 from schemas.control import DeadLetter
 from schemas.topics import DEAD_LETTERS, TOPICS
 from tests.infra.events import one_of_each
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -26,11 +27,21 @@ def _consume_until(
     """Consume (a new group reads the topics' whole history) until ``done(events, dead)``."""
     events: list = []  # type: ignore[type-arg]
     dead: list = []  # type: ignore[type-arg]
-    deadline = time.monotonic() + timeout_s
-    while not done(events, dead) and time.monotonic() < deadline:
+
+    def finished() -> bool:
+        if done(events, dead):
+            return True
         batch = consumer.poll(timeout_ms=500)
-        events += batch.events
-        dead += batch.dead_letters
+        events.extend(batch.events)
+        dead.extend(batch.dead_letters)
+        return done(events, dead)
+
+    wait_until(
+        finished,
+        timeout_s,
+        lambda: f"the events awaited (read {len(events)} events, {len(dead)} dead letters)",
+        interval_s=0,
+    )
     return events, dead
 
 
@@ -98,14 +109,19 @@ def test_garbage_on_every_topic_ends_in_the_dead_letter_topic_and_table(stack_se
         stack_settings, SinkConfig(group_id=f"sink-{tag}", max_wait_s=0.2), topics=[DEAD_LETTERS.name]
     )
     store = ClickHouseStore(stack_settings.clickhouse)
-    deadline = time.monotonic() + 30
-    sink.run(
-        lambda: (
-            time.monotonic() > deadline
-            or store.count("dead_letters", "key = %(k)s", {"k": tag}) >= len(inputs)
+    stop = threading.Event()
+    runner = threading.Thread(target=sink.run, args=(stop.is_set,), daemon=True)
+    runner.start()
+    try:
+        wait_until(
+            lambda: store.count("dead_letters", "key = %(k)s", {"k": tag}) >= len(inputs),
+            30,
+            f"{len(inputs)} dead letters keyed {tag} in ClickHouse",
         )
-    )
-    sink.close()
+    finally:
+        stop.set()
+        runner.join(30)
+        sink.close()
     assert store.count("dead_letters", "key = %(k)s", {"k": tag}) == len(inputs)
     reasons = {
         r[0] for r in store.query("SELECT reason FROM dead_letters FINAL WHERE key = %(k)s", {"k": tag})

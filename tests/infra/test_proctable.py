@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from infra.proctable import LIVE, ProcTable
+from tests.waiting import wait_until
 
 FIXTURE_PROC = Path(__file__).parents[1] / "exporter" / "fixtures" / "root" / "proc"
 
@@ -42,9 +42,7 @@ def test_live_table_sees_zombies_and_reaped_children() -> None:
         assert LIVE.alive(child.pid) and LIVE.ppid(child.pid) == me
         assert child.pid in LIVE.pids()
         child.kill()
-        deadline = time.monotonic() + 10
-        while LIVE.alive(child.pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not LIVE.alive(child.pid), 10, f"killed child {child.pid} to die", interval_s=0.02)
         st = LIVE.stat(child.pid)  # not reaped yet: a zombie, which is not alive
         assert st is not None and st.state == "Z" and not st.alive and LIVE.exists(child.pid)
     finally:

@@ -19,6 +19,8 @@ from infra.stack.clickhouse import ClickHouseServer
 from schemas.base import now_ms
 from schemas.topics import STEPS
 from schemas.workload import TrainingStep
+from tests.net import free_ports
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +49,14 @@ class Recorder:
 
 def test_clickhouse_down_loses_no_row(stack_settings: Settings, tmp_path: Path) -> None:
     # A private ClickHouse we can stop without disturbing other tests; the shared Kafka broker.
+    http_port, tcp_port = free_ports(2)
     stack_cfg = replace(
-        stack_settings.stack, home=str(tmp_path), clickhouse_http_port=29423, clickhouse_tcp_port=29424
+        stack_settings.stack, home=str(tmp_path), clickhouse_http_port=http_port, clickhouse_tcp_port=tcp_port
     )
     server = ClickHouseServer(stack_cfg)
     server.start()
     server.wait_healthy(30)
-    settings = replace(stack_settings, clickhouse=replace(stack_settings.clickhouse, port=29423))
+    settings = replace(stack_settings, clickhouse=replace(stack_settings.clickhouse, port=http_port))
     store = ClickHouseStore(settings.clickhouse)
     store.migrate()
     job = f"outage-{uuid.uuid4().hex[:8]}"
@@ -79,9 +82,11 @@ def test_clickhouse_down_loses_no_row(stack_settings: Settings, tmp_path: Path) 
         assert sink.stats.failed_inserts > 0 and len(seen.failures) == sink.stats.failed_inserts
         server.start()
         server.wait_healthy(30)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and store.count("training_steps", "job = %(j)s", {"j": job}) < 300:
-            time.sleep(0.5)
+        wait_until(
+            lambda: store.count("training_steps", "job = %(j)s", {"j": job}) >= 300,
+            60,
+            f"the 300 steps of job {job} in ClickHouse once it is back",
+        )
         assert store.count("training_steps", "job = %(j)s", {"j": job}) == 300
         assert runner.is_alive()  # the worker survived the outage
         assert (
@@ -100,13 +105,14 @@ def test_a_new_group_starting_at_the_end_keeps_its_start_through_an_outage(
 ) -> None:
     # A worker's sink group starts at the end of the topics ("latest").  ClickHouse failing before
     # its first batch must rewind it to where it started, not to the beginning of the topic.
+    http_port, tcp_port = free_ports(2)
     stack_cfg = replace(
-        stack_settings.stack, home=str(tmp_path), clickhouse_http_port=29425, clickhouse_tcp_port=29426
+        stack_settings.stack, home=str(tmp_path), clickhouse_http_port=http_port, clickhouse_tcp_port=tcp_port
     )
     server = ClickHouseServer(stack_cfg)
     server.start()
     server.wait_healthy(30)
-    settings = replace(stack_settings, clickhouse=replace(stack_settings.clickhouse, port=29425))
+    settings = replace(stack_settings, clickhouse=replace(stack_settings.clickhouse, port=http_port))
     store = ClickHouseStore(settings.clickhouse)
     store.migrate()
     job = f"latest-{uuid.uuid4().hex[:8]}"
@@ -127,9 +133,11 @@ def test_a_new_group_starting_at_the_end_keeps_its_start_through_an_outage(
         time.sleep(3)  # inserts fail, the sink rewinds and retries
         server.start()
         server.wait_healthy(30)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and store.count("training_steps", "job = %(j)s", {"j": job}) < 50:
-            time.sleep(0.5)
+        wait_until(
+            lambda: store.count("training_steps", "job = %(j)s", {"j": job}) >= 50,
+            60,
+            f"the 50 steps of job {job} in ClickHouse once it is back",
+        )
         assert store.count("training_steps", "job = %(j)s", {"j": job}) == 50
         assert store.count("training_steps", "job = %(j)s", {"j": f"{job}-old"}) == 0
         assert runner.is_alive() and runner.restarts == 0
@@ -146,9 +154,11 @@ def _wait_for_committed_offsets(settings: Settings, group: str, timeout_s: float
     probe = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=group, enable_auto_commit=False)
     try:
         parts = [TopicPartition(STEPS.name, p) for p in range(STEPS.partitions)]
-        deadline = time.monotonic() + timeout_s
-        while any(probe.committed(tp) is None for tp in parts):
-            assert time.monotonic() < deadline, f"group {group} committed nothing in {timeout_s}s"
-            time.sleep(0.5)
+        wait_until(
+            lambda: all(probe.committed(tp) is not None for tp in parts),
+            timeout_s,
+            f"group {group} to commit an offset on every partition of {STEPS.name}",
+            interval_s=0.5,
+        )
     finally:
         probe.close()

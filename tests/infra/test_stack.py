@@ -17,6 +17,8 @@ from infra.stack.clickhouse import ClickHouseServer
 from infra.stack.kafka import KafkaServer
 from infra.stack.manager import Stack
 from infra.stack.procs import StackError
+from tests.net import free_ports
+from tests.waiting import wait_until
 from trainguard.cli import main
 
 pytestmark = pytest.mark.slow
@@ -25,10 +27,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
     """A second broker in its own home on other ports, so restarting it disturbs no other test."""
+    port, controller_port = free_ports(2)
     env = {
         "TRAINGUARD_HOME": str(tmp_path),
-        "TRAINGUARD__STACK__KAFKA_PORT": "29092",
-        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": "29093",
+        "TRAINGUARD__STACK__KAFKA_PORT": str(port),
+        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller_port),
     }
     settings = load_settings(environ=env)
     server = KafkaServer(settings.stack)
@@ -38,6 +41,9 @@ def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
     server.stop()
 
 
+# A private broker started twice (90 s each) and stopped twice (60 s each), read twice (30 s each):
+# its own waits allow up to about 360 s, so they, not the 300 s default, say what was late.
+@pytest.mark.timeout(600)
 def test_broker_restart_keeps_topics_data_and_group_offsets(
     private_kafka: tuple[Settings, KafkaServer],
 ) -> None:
@@ -67,12 +73,17 @@ def test_broker_restart_keeps_topics_data_and_group_offsets(
             heartbeat_interval_ms=2000,
         )
         got: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(got) < n and time.monotonic() < deadline:
+
+        def have_n() -> bool:
             for recs in c.poll(timeout_ms=500, max_records=n - len(got)).values():
-                got += [r.value for r in recs]
-        c.commit()
-        c.close()
+                got.extend(r.value for r in recs)
+            return len(got) >= n
+
+        try:
+            wait_until(have_n, 30, lambda: f"{n} records of 'durable' (got {len(got)})", interval_s=0)
+            c.commit()
+        finally:
+            c.close()
         return got
 
     first = consume(60)
@@ -98,10 +109,11 @@ def test_up_is_idempotent_and_status_reports_both(stack_settings: Settings) -> N
 
 
 def test_status_exit_code_is_nonzero_when_nothing_runs(tmp_path: Path) -> None:
+    kafka_port, http_port = free_ports(2)  # nothing listens there
     env = {
         "TRAINGUARD_HOME": str(tmp_path),
-        "TRAINGUARD__STACK__KAFKA_PORT": "29192",
-        "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": "29123",
+        "TRAINGUARD__STACK__KAFKA_PORT": str(kafka_port),
+        "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": str(http_port),
     }
     res = CliRunner().invoke(main, ["stack", "status", "--json"], env=env)
     assert res.exit_code == 1
@@ -117,11 +129,13 @@ def test_busy_port_is_a_clear_message(tmp_path: Path) -> None:
         cfg = StackConfig(home=str(tmp_path), clickhouse_http_port=port, clickhouse_tcp_port=port + 1)
         with pytest.raises(StackError, match=f"port {port} is already in use"):
             ClickHouseServer(cfg).start()
+        controller_port, http_port, tcp_port = free_ports(3)
         env = {
             "TRAINGUARD_HOME": str(tmp_path),
             "TRAINGUARD__STACK__KAFKA_PORT": str(port),
-            "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": "29323",
-            "TRAINGUARD__STACK__CLICKHOUSE_TCP_PORT": "29324",
+            "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller_port),
+            "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": str(http_port),
+            "TRAINGUARD__STACK__CLICKHOUSE_TCP_PORT": str(tcp_port),
         }
         res = CliRunner().invoke(main, ["stack", "up"], env=env)
         assert res.exit_code != 0 and f"port {port} is already in use" in res.output

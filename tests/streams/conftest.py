@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from infra.config import Settings
+from tests.net import free_port
 from tests.streams.harness import WorkerProcess, unique
 
 #: Short thresholds so a stall is a hang after 4 s instead of 10 minutes.
@@ -23,6 +24,6 @@ FAST_ENV = {
 @pytest.fixture(scope="module")
 def worker(stack_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     log = Path(tmp_path_factory.mktemp("worker")) / "worker.log"
-    w = WorkerProcess(unique("tg-test"), 16190, log, FAST_ENV, stack_settings).start()
+    w = WorkerProcess(unique("tg-test"), free_port(), log, FAST_ENV, stack_settings).start()
     yield w
     w.stop()

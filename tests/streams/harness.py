@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from schemas.base import Event
 from schemas.codec import DecodeError, decode
 from schemas.control import Decision
 from schemas.topics import Topic
+from tests.waiting import wait_until
 
 
 class WorkerProcess:
@@ -64,22 +66,24 @@ class WorkerProcess:
                 env=self.env,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"worker exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
-                )
-            if self.healthz() is not None:
-                break
-            time.sleep(0.3)
-        else:
-            raise RuntimeError(f"worker not up after {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+        proc, deadline = self.proc, time.monotonic() + timeout_s
+
+        def serving() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}:\n{self.log_tail()}")
+            return self.healthz() is not None
+
+        wait_until(
+            serving,
+            timeout_s,
+            lambda: f"worker {self.app_id} to serve /healthz on port {self.web_port}:\n{self.log_tail()}",
+            interval_s=0.3,
+        )
         if self.settings is not None:
-            self._wait_until_consuming(self.settings, deadline)
+            self._wait_until_consuming(self.settings, deadline - time.monotonic())
         return self
 
-    def _wait_until_consuming(self, settings: Settings, deadline: float) -> None:
+    def _wait_until_consuming(self, settings: Settings, timeout_s: float) -> None:
         """Probe with an Xid line until its decision comes back: the group has joined and consumes."""
         from schemas.base import now_ms
         from schemas.topics import DECISIONS
@@ -87,24 +91,32 @@ class WorkerProcess:
 
         watcher = Watcher(settings, DECISIONS)
         line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+
+        def probe_answered() -> bool:  # a fresh probe each time: one sent before the group joined is lost
+            node = unique("probe")
+            send(settings, LogLine(node=node, ts_ms=now_ms(), source="kernel", line=line, job="probe"))
+
+            def answered(e: Event) -> bool:
+                return isinstance(e, Decision) and e.job == "probe" and node in e.targets.machines
+
+            try:
+                watcher.wait_for(answered, 3.0)
+                return True
+            except AssertionError:
+                return False
+
         try:
-            while time.monotonic() < deadline:
-                node = unique("probe")
-                send(settings, LogLine(node=node, ts_ms=now_ms(), source="kernel", line=line, job="probe"))
-
-                def answered(e: Event, node: str = node) -> bool:
-                    return isinstance(e, Decision) and e.job == "probe" and node in e.targets.machines
-
-                try:
-                    watcher.wait_for(answered, 3.0)
-                    return
-                except AssertionError:
-                    continue
-            raise RuntimeError(
-                f"worker {self.app_id} never consumed a probe:\n{self.log.read_text()[-3000:]}"
+            wait_until(
+                probe_answered,
+                max(timeout_s, 0.0),
+                lambda: f"worker {self.app_id} to consume (answer a probe):\n{self.log_tail()}",
+                interval_s=0,
             )
         finally:
             watcher.close()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
 
     def healthz(self) -> dict[str, Any] | None:
         try:
@@ -116,6 +128,34 @@ class WorkerProcess:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=2) as r:
             return r.read().decode()
+
+    def followed(self, topic: Topic) -> dict[int, int]:
+        """Partition -> offset of the next record this worker's own reader of ``topic`` (a topic
+        every worker reads whole: jobs, control) will read (``trainguard_follow_offset``)."""
+        out: dict[int, int] = {}
+        for labels, value in re.findall(r"^trainguard_follow_offset\{(.*)\} (\S+)$", self.metrics(), re.M):
+            tags = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            if tags.get("topic") == topic.name:
+                out[int(tags["partition"])] = int(float(value))
+        return out
+
+    def wait_followed(self, settings: Settings, topic: Topic, timeout_s: float = 30.0) -> None:
+        """Until this worker has read and handled ``topic`` up to its end as of now: everything
+        produced to it before the call (a job spec, a control command) has reached the worker."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(**settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False)
+        try:
+            parts = [TopicPartition(topic.name, p) for p in range(topic.partitions)]
+            begin, end = consumer.beginning_offsets(parts), consumer.end_offsets(parts)
+        finally:
+            consumer.close()
+        want = {tp.partition: end[tp] for tp in parts if end[tp] > begin[tp]}  # empty ones: nothing to read
+        wait_until(
+            lambda: all(self.followed(topic).get(p, 0) >= n for p, n in want.items()),
+            timeout_s,
+            lambda: f"worker {self.app_id} to read {topic.name} up to {want} (at {self.followed(topic)})",
+        )
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -154,13 +194,21 @@ class Watcher:
                     self.seen.append(decode(r.value))
 
     def wait_for(self, pred: Callable[[Event], bool], timeout_s: float = 30.0) -> Event:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for ev in self.seen:
-                if pred(ev):
-                    return ev
-            self.poll()
-        raise AssertionError(f"no matching event within {timeout_s}s; saw {len(self.seen)}: {self.seen[-5:]}")
+        def first() -> Event | None:
+            return next((ev for ev in self.seen if pred(ev)), None)
+
+        def found() -> Event | None:
+            if (ev := first()) is not None:
+                return ev
+            self.poll()  # waits up to 200 ms for records: no sleep between rounds
+            return first()
+
+        return wait_until(
+            found,
+            timeout_s,
+            lambda: f"a matching event; saw {len(self.seen)}: {self.seen[-5:]}",
+            interval_s=0,
+        )
 
     def all(self, pred: Callable[[Event], bool], settle_s: float = 0.0) -> list[Event]:
         deadline = time.monotonic() + settle_s
@@ -182,8 +230,8 @@ def send(
     p = EventProducer(settings.kafka)
     for ev in events:
         p.send(ev, topic)
-    for topic, key, value in raw or []:
-        p.send_raw(topic, value, key=key)
+    for name, key, value in raw or []:
+        p.send_raw(name, value, key=key)
     p.flush()
     p.close()
 

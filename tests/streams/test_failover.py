@@ -17,15 +17,21 @@ from infra.stack.clickhouse import ClickHouseServer
 from schemas.base import now_ms
 from schemas.control import Decision, Detection, JobSpec
 from schemas.enums import Action
-from schemas.topics import DECISIONS
+from schemas.topics import DECISIONS, JOBS
 from schemas.topology import JobTopology
 from schemas.workload import LogLine, TrainingStep
+from tests.net import free_ports
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 
 
+# Two cold workers (start and first consumption allowed 150 s each), the stream, then every decision
+# (180 s) and every row (30 s): its own waits allow up to about 600 s on a loaded CI box, so they,
+# not the 300 s default, say what was late.
+@pytest.mark.timeout(900)
 def test_sigkill_mid_stream_then_a_new_worker_loses_no_decision(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
@@ -35,8 +41,9 @@ def test_sigkill_mid_stream_then_a_new_worker_loses_no_decision(
     # Production's default: a group without committed offsets starts from the earliest record, so a
     # partition the first worker never committed is replayed, not skipped.
     env = {"TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "earliest"}
-    first = WorkerProcess(app_id, 16191, tmp_path / "w1.log", env, stack_settings).start()
-    second = WorkerProcess(app_id, 16192, tmp_path / "w2.log", env)
+    port1, port2 = free_ports(2)
+    first = WorkerProcess(app_id, port1, tmp_path / "w1.log", env, stack_settings).start()
+    second = WorkerProcess(app_id, port2, tmp_path / "w2.log", env)
     stop = threading.Event()
 
     def produce() -> None:  # a steady stream of machine faults, one machine each
@@ -56,21 +63,26 @@ def test_sigkill_mid_stream_then_a_new_worker_loses_no_decision(
         first.kill()  # SIGKILL: no clean shutdown, no final commit
         producer.join(60)
         second.start()
-        deadline = time.monotonic() + 180
-        evicted: set[str] = set()
-        while time.monotonic() < deadline and len(evicted) < len(nodes):
-            evicted = {
+
+        def evicted() -> set[str]:
+            return {
                 m
                 for e in watcher.all(lambda e: isinstance(e, Decision) and e.job == job)
                 if isinstance(e, Decision) and e.action is Action.EVICT
                 for m in e.targets.machines
             }
-            time.sleep(0.5)
-        assert evicted == set(nodes)
+
+        wait_until(
+            lambda: evicted() == set(nodes),
+            180,
+            lambda: f"an eviction of each machine; none yet for {sorted(set(nodes) - evicted())}",
+        )
         st = ClickHouseStore(stack_settings.clickhouse)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and st.count("decisions", "job = %(j)s", {"j": job}) < len(nodes):
-            time.sleep(0.5)
+        wait_until(
+            lambda: st.count("decisions", "job = %(j)s", {"j": job}) >= len(nodes),
+            30,
+            f"{len(nodes)} decisions of job {job} in ClickHouse",
+        )
         # Redelivered decisions carry the same ids: one row per machine, none lost, none doubled.
         assert st.count("decisions", "job = %(j)s", {"j": job}) == len(nodes)
     finally:
@@ -81,21 +93,25 @@ def test_sigkill_mid_stream_then_a_new_worker_loses_no_decision(
         watcher.close()
 
 
+# A private ClickHouse (started twice, 30 s each), a cold worker (150 s), the detections while it is
+# away and every row after (60 s): its own waits allow up to about 330 s, more than the 300 s default.
+@pytest.mark.timeout(600)
 def test_clickhouse_down_for_a_while_loses_no_row(stack_settings: Settings, tmp_path: Path) -> None:
+    http_port, tcp_port, web_port = free_ports(3)
     stack_cfg = replace(
-        stack_settings.stack, home=str(tmp_path), clickhouse_http_port=29523, clickhouse_tcp_port=29524
+        stack_settings.stack, home=str(tmp_path), clickhouse_http_port=http_port, clickhouse_tcp_port=tcp_port
     )
     server = ClickHouseServer(stack_cfg)
     server.start()
     server.wait_healthy(30)
-    store = ClickHouseStore(replace(stack_settings.clickhouse, port=29523))
+    store = ClickHouseStore(replace(stack_settings.clickhouse, port=http_port))
     store.migrate()
     env = {
-        "TRAINGUARD__CLICKHOUSE__PORT": "29523",
+        "TRAINGUARD__CLICKHOUSE__PORT": str(http_port),
         "TRAINGUARD__WORKER__SINK__RETRY_BACKOFF_MAX_S": "1",
         "TRAINGUARD__WORKER__SINK__MAX_WAIT_S": "0.2",
     }
-    w = WorkerProcess(unique("tg-chdown"), 16193, tmp_path / "w.log", env, stack_settings).start()
+    w = WorkerProcess(unique("tg-chdown"), web_port, tmp_path / "w.log", env, stack_settings).start()
     job = unique("chdown")
     try:
         server.stop()
@@ -117,7 +133,7 @@ def test_clickhouse_down_for_a_while_loses_no_row(stack_settings: Settings, tmp_
         topo = JobTopology(job=job, tp=2, pp=1, dp=1, ranks_per_machine=1, machines=machines)
         decisions = Watcher(stack_settings, DECISIONS)
         send(stack_settings, JobSpec(job=job, ts_ms=now_ms(), topology=topo))
-        time.sleep(1.0)
+        w.wait_followed(stack_settings, JOBS)  # the worker's job directory has it
         rank_fault = Detection(
             detection_id=unique("det"),
             ts_ms=now_ms(),
@@ -141,12 +157,17 @@ def test_clickhouse_down_for_a_while_loses_no_row(stack_settings: Settings, tmp_
         assert failures is not None and float(failures.group(1)) > 0
         server.start()
         server.wait_healthy(30)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and store.count("training_steps", "job = %(j)s", {"j": job}) < 400:
-            time.sleep(0.5)
+        wait_until(
+            lambda: store.count("training_steps", "job = %(j)s", {"j": job}) >= 400,
+            60,
+            f"the 400 steps of job {job} in ClickHouse once it is back",
+        )
         assert store.count("training_steps", "job = %(j)s", {"j": job}) == 400
-        while time.monotonic() < deadline and not store.count("decisions", "job = %(j)s", {"j": job}):
-            time.sleep(0.5)
+        wait_until(
+            lambda: store.count("decisions", "decision_id = %(d)s", {"d": dec.decision_id}),
+            60,
+            f"decision {dec.decision_id} in ClickHouse once it is back",
+        )
         assert store.count("decisions", "decision_id = %(d)s", {"d": dec.decision_id}) == 1
     finally:
         w.stop()

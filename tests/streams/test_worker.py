@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,11 @@ from schemas.base import now_ms
 from schemas.control import Command, CommandKind, Decision, Detection, JobSpec
 from schemas.enums import Action, ProcessRole
 from schemas.telemetry import NicSample, NicSampleBatch
-from schemas.topics import COMMANDS, DECISIONS, DETECTIONS, TOPICS
+from schemas.topics import COMMANDS, DECISIONS, DETECTIONS, JOBS, TOPICS
 from schemas.topology import JobTopology
 from schemas.workload import Frame, LogLine, StackDump, ThreadStack, TrainingStep
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
@@ -28,13 +28,9 @@ def _store(settings: Settings) -> ClickHouseStore:
     return ClickHouseStore(settings.clickhouse)
 
 
-def _eventually(fn, timeout_s: float = 20.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.3)
+def _rows(st: ClickHouseStore, table: str, where: str, params: dict[str, str], n: int) -> None:
+    """Until ``table`` holds exactly ``n`` rows matching ``where`` (the sink stores in batches)."""
+    wait_until(lambda: st.count(table, where, params) == n, 20, f"{n} rows in {table} where {where} {params}")
 
 
 def test_xid_79_line_evicts_that_machine(stack_settings: Settings, worker: WorkerProcess) -> None:
@@ -51,9 +47,9 @@ def test_xid_79_line_evicts_that_machine(stack_settings: Settings, worker: Worke
     )
     w.close()
     st = _store(stack_settings)
-    assert _eventually(lambda: st.count("decisions", "decision_id = %(d)s", {"d": dec.decision_id}) == 1)
-    assert _eventually(lambda: st.count("log_lines", "node = %(n)s", {"n": node}) == 1)
-    assert _eventually(lambda: st.count("detections", "job = %(j)s AND kind = 'xid-79'", {"j": job}) == 1)
+    _rows(st, "decisions", "decision_id = %(d)s", {"d": dec.decision_id}, 1)
+    _rows(st, "log_lines", "node = %(n)s", {"n": node}, 1)
+    _rows(st, "detections", "job = %(j)s AND kind = 'xid-79'", {"j": job}, 1)
 
 
 def test_nan_loss_asks_for_stop_time_diagnosis(stack_settings: Settings, worker: WorkerProcess) -> None:
@@ -76,8 +72,8 @@ def test_nan_loss_asks_for_stop_time_diagnosis(stack_settings: Settings, worker:
     assert dec.evidence["detection"]["kind"] == "nan" and dec.evidence["detection"]["ranks"] == [1]
     w.close()
     st = _store(stack_settings)
-    assert _eventually(lambda: st.count("training_steps", "job = %(j)s", {"j": job}) == 25)
-    assert _eventually(lambda: st.count("decisions", "decision_id = %(d)s", {"d": dec.decision_id}) == 1)
+    _rows(st, "training_steps", "job = %(j)s", {"j": job}, 25)
+    _rows(st, "decisions", "decision_id = %(d)s", {"d": dec.decision_id}, 1)
 
 
 def test_user_type_error_traceback_rolls_back_code(stack_settings: Settings, worker: WorkerProcess) -> None:
@@ -103,8 +99,10 @@ def test_user_type_error_traceback_rolls_back_code(stack_settings: Settings, wor
     assert isinstance(dec, Decision) and dec.action is Action.ROLLBACK
     w.close()
     st = _store(stack_settings)
-    rows = _eventually(
-        lambda: st.query("SELECT evidence FROM detections FINAL WHERE job = %(j)s", {"j": job})
+    rows = wait_until(
+        lambda: st.query("SELECT evidence FROM detections FINAL WHERE job = %(j)s", {"j": job}),
+        20,
+        f"the detection of job {job} in ClickHouse",
     )
     assert "new_attention.py" in rows[0][0] and "TypeError" in rows[0][0]
 
@@ -181,7 +179,7 @@ def test_stalled_rank_is_localised_and_its_pipeline_evicted(
     commands, decisions = Watcher(stack_settings, COMMANDS), Watcher(stack_settings, DECISIONS)
     t0 = now_ms()
     send(stack_settings, JobSpec(job=job, ts_ms=t0, topology=topo))
-    time.sleep(1.0)  # every worker follows the jobs topic into its job directory
+    worker.wait_followed(stack_settings, JOBS)  # every worker follows the jobs topic into its job directory
     send(
         stack_settings,
         *[
@@ -212,10 +210,8 @@ def test_stalled_rank_is_localised_and_its_pipeline_evicted(
     commands.close()
     decisions.close()
     st = _store(stack_settings)
-    assert _eventually(
-        lambda: st.count("stack_dumps", "job = %(j)s", {"j": job}) == sum(map(len, dumps.values()))
-    )
-    assert _eventually(lambda: st.count("decisions", "job = %(j)s AND action = 'evict'", {"j": job}) == 1)
+    _rows(st, "stack_dumps", "job = %(j)s", {"j": job}, sum(map(len, dumps.values())))
+    _rows(st, "decisions", "job = %(j)s AND action = 'evict'", {"j": job}, 1)
 
 
 def test_garbage_on_every_input_topic_is_dead_lettered(
@@ -227,7 +223,11 @@ def test_garbage_on_every_input_topic_is_dead_lettered(
     ]
     send(stack_settings, raw=raw)
     st = _store(stack_settings)
-    assert _eventually(lambda: st.count("dead_letters", "key = %(k)s", {"k": tag}) == len(raw), 30)
+    wait_until(
+        lambda: st.count("dead_letters", "key = %(k)s", {"k": tag}) == len(raw),
+        30,
+        f"{len(raw)} dead letters keyed {tag} in ClickHouse",
+    )
     assert worker.healthz() is not None and worker.healthz()["ok"]  # type: ignore[index]
     assert 'trainguard_dead_letters_total{agent="sink"}' in worker.metrics()
 
@@ -267,21 +267,23 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
     assert len(ids) == 1  # distinct ids: a retried produce may repeat a record on the wire
     try:
         set_window(0.0, now_ms())
-        time.sleep(2.0)  # every worker follows the control topic on its own
-        send(stack_settings, *xid_pair(f"{job}-b", now_ms()))
+        worker.wait_followed(stack_settings, CONTROL)  # every worker follows the control topic on its own
+        b = f"{job}-b"
+        send(stack_settings, *xid_pair(b, now_ms()))
 
-        def got() -> list[Decision]:
+        def got() -> set[str]:
             mine = w.all(lambda e: isinstance(e, Decision) and e.job == job)
-            return [e for e in mine if isinstance(e, Decision) and e.targets.machines == [f"{job}-b"]]
+            return {e.decision_id for e in mine if isinstance(e, Decision) and e.targets.machines == [b]}
 
-        assert _eventually(lambda: len({d.decision_id for d in got()}) == 2, 20)
+        wait_until(lambda: len(got()) == 2, 20, lambda: f"two decisions for {b} (got {got()})")
     finally:
         set_window(300.0, now_ms())  # the control topic is replayed by every later worker: restore
     # An invalid change is rejected and the worker keeps running with its last good config.
+    bad = unique("cmd")
     send(
         stack_settings,
         Command(
-            command_id=unique("cmd"),
+            command_id=bad,
             ts_ms=now_ms(),
             kind=CommandKind.SET_THRESHOLD,
             job=job,
@@ -289,7 +291,8 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
         ),
         topic=CONTROL,
     )
-    time.sleep(1.0)
+    worker.wait_followed(stack_settings, CONTROL)
+    assert f"rejected control command {bad}" in worker.log.read_text(errors="replace")
     assert worker.healthz() is not None
     assert CONTROL.partitions == 1
     w.close()
