@@ -97,6 +97,13 @@ CREATE TABLE IF NOT EXISTS specs (
 """
 
 
+def _readable(event: Decision | JobSpec, cls: type[Decision] | type[JobSpec]) -> bytes:
+    """``event`` encoded, after checking that it decodes again (what the store will do)."""
+    raw = encode(event)
+    decode(raw, expect=cls)
+    return raw
+
+
 @dataclass(frozen=True)
 class Recovery:
     """One row of ``recoveries``."""
@@ -169,7 +176,12 @@ class ProgressStore:
     # --- recoveries ------------------------------------------------------------------------------
 
     def accept(self, decision: Decision, now_ms: int) -> bool:
-        """Record a decision as a pending recovery; False if its id is known (a redelivery)."""
+        """Record a decision as a pending recovery; False if its id is known (a redelivery).
+
+        Raises (``UnicodeEncodeError``, ``DecodeError``...) for a decision the store could not read
+        back -- e.g. a lone surrogate in a string -- before anything is written: a stored row that
+        cannot be decoded would block its job's queue for good."""
+        raw = _readable(decision, Decision)
         with self._tx() as c:
             seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM recoveries").fetchone()[0]
             cur = c.execute(
@@ -180,7 +192,7 @@ class ProgressStore:
                     seq,
                     decision.job,
                     decision.action.value,
-                    encode(decision),
+                    raw,
                     RecoveryState.PENDING.value,
                     now_ms,
                 ),
@@ -510,7 +522,9 @@ class ProgressStore:
     # --- job specs -------------------------------------------------------------------------------
 
     def save_spec(self, spec: JobSpec) -> bool:
-        """Keep ``spec`` if it is newer than the known one for its job."""
+        """Keep ``spec`` if it is newer than the known one for its job (raises, storing nothing, for a
+        spec that could not be read back: see :meth:`accept`)."""
+        raw = _readable(spec, JobSpec)
         with self._tx() as c:
             row = c.execute("SELECT ts_ms FROM specs WHERE job = ?", (spec.job,)).fetchone()
             if row is not None and row[0] > spec.ts_ms:
@@ -518,7 +532,7 @@ class ProgressStore:
             c.execute(
                 "INSERT INTO specs (job, ts_ms, spec) VALUES (?, ?, ?) ON CONFLICT (job) DO UPDATE"
                 " SET ts_ms = excluded.ts_ms, spec = excluded.spec",
-                (spec.job, spec.ts_ms, encode(spec)),
+                (spec.job, spec.ts_ms, raw),
             )
             return True
 

@@ -20,15 +20,29 @@ its job's queue until an operator releases or cancels it.
 
 On start the service resumes every unfinished recovery from the store, so killing it mid-recovery
 and restarting it completes that recovery once.
+
+Bad records never stop the service.  Each consumed decision and job spec is handled in its own
+``try``: one that cannot be decoded, or decodes but fails when it is handled (a string the store
+cannot encode, say), is dead-lettered (stage ``actions:accept`` / ``actions:jobs``; logged once at
+ERROR with its coordinates, counted in :attr:`ActionService.dead_lettered`) and the service
+commits past it.  A recovery whose run keeps crashing (a bug in planning, an impossible state) is
+failed after :data:`MAX_RECOVERY_CRASHES` tries and dead-lettered (``actions:recover``), so its
+job's queue moves on.  The world being down is not the record's fault: a broker or a disk away
+(:func:`transient`) is retried with :class:`infra.backoff.Backoff`, the records seeked back to and
+read again, nothing committed past them.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
-from collections.abc import Callable
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Protocol
 
 from actions.config import ActionsConfig
 from actions.executors import ExecutorEnv, create_executor
@@ -36,15 +50,50 @@ from actions.executors.base import Executor
 from actions.plans import CodeUpdate
 from actions.progress import ProgressStore
 from actions.recovery import RecoveryRunner
-from actions.state import RecoveryState
-from infra.bus import EventConsumer, EventProducer
+from actions.state import InvalidStateTransition, RecoveryState
+from infra.backoff import Backoff
+from infra.bus import Batch, BusError, EventConsumer, EventProducer, coordinates, poisoned, seek_back
 from infra.config import Settings
 from schemas.base import now_ms
-from schemas.codec import DecodeError, decode
-from schemas.control import ActionEvent, Decision, JobSpec, stable_id
-from schemas.topics import ACTIONS, DECISIONS, JOBS
+from schemas.codec import decode, encode
+from schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
+from schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, JOBS
 
 log = logging.getLogger(__name__)
+
+#: times a recovery's run may crash (an exception out of the runner, not a failed step) before it
+#: is failed and dead-lettered instead of being retried at every dispatch forever.
+MAX_RECOVERY_CRASHES = 3
+
+#: a record's handler: (consumed record, stage, the exception it raised) -> dead-letter it.
+Reject = Callable[[Any, str, BaseException], None]
+
+
+def transient(exc: BaseException) -> bool:
+    """The world is down (retry the record later), not the record bad (dead-letter it).
+
+    The progress store's disk or lock (``sqlite3.OperationalError``: locked, I/O error, full),
+    the OS, memory, Kafka: these fail every record alike, so skipping the record would lose it
+    for nothing.  Anything else a record's handling raises (``UnicodeEncodeError`` from a lone
+    surrogate, ``ValueError``, ``TypeError``, a constraint) is that record's fault.
+
+    >>> transient(sqlite3.OperationalError("database is locked")), transient(ValueError("bad"))
+    (True, False)
+    """
+    if isinstance(exc, OSError | MemoryError | BusError | sqlite3.OperationalError | sqlite3.InternalError):
+        return True
+    return type(exc).__module__.split(".")[0] in ("kafka", "aiokafka")
+
+
+class RetryLater(RuntimeError):
+    """Handling a record hit the world being down; the reader seeked back to re-read it."""
+
+
+def _seek_back_quietly(consumer: Any, records: Sequence[Any]) -> None:
+    try:
+        seek_back(consumer, records)
+    except Exception as exc:  # a consumer that cannot seek re-reads from its committed offsets
+        log.warning("could not seek back to %d record(s): %s", len(records), exc)
 
 
 def state_dir(settings: Settings, cfg: ActionsConfig) -> Path:
@@ -75,34 +124,79 @@ class KafkaPublisher:
 
 class JobsFollower:
     """Reads the whole jobs topic, then keeps following it (no consumer group: every service
-    instance needs every spec)."""
+    instance needs every spec).
 
-    def __init__(self, settings: Settings, store: ProgressStore, wanted: Callable[[str], bool]) -> None:
-        from kafka import KafkaConsumer, TopicPartition
+    Each record is handled on its own: garbage is dead-lettered at stage ``decode`` (the workers'
+    sink does the same with the same key, so ClickHouse keeps one), a spec the store cannot take
+    at ``actions:jobs``; either way the reader moves past it, so one bad spec on this long-retained
+    topic cannot stop every later start.  A store that is down (:func:`transient`) seeks the reader
+    back and raises :class:`RetryLater`.
+    """
 
+    def __init__(
+        self,
+        settings: Settings,
+        store: ProgressStore,
+        wanted: Callable[[str], bool],
+        reject: Reject | None = None,
+        consumer: Any = None,
+    ) -> None:
         self.store, self.wanted = store, wanted
-        self.consumer = KafkaConsumer(
-            **settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
-        )
-        parts = [TopicPartition(JOBS.name, p) for p in range(JOBS.partitions)]
-        self.consumer.assign(parts)
-        self.consumer.seek_to_beginning(*parts)
+        self.reject: Reject = reject or _log_only
+        if consumer is None:
+            from kafka import KafkaConsumer, TopicPartition
+
+            consumer = KafkaConsumer(
+                **settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
+            )
+            parts = [TopicPartition(JOBS.name, p) for p in range(JOBS.partitions)]
+            consumer.assign(parts)
+            consumer.seek_to_beginning(*parts)
+        self.consumer = consumer
 
     def poll(self, timeout_ms: int = 0) -> int:
         seen = 0
-        for recs in self.consumer.poll(timeout_ms=timeout_ms, max_records=5000).values():
-            for r in recs:
-                try:
-                    spec = decode(r.value, expect=JobSpec)
-                except DecodeError:
-                    continue  # the workers' sink dead-letters garbage on this topic
-                if isinstance(spec, JobSpec) and self.wanted(spec.job):
-                    self.store.save_spec(spec)
-                    seen += 1
+        records = [
+            r for recs in self.consumer.poll(timeout_ms=timeout_ms, max_records=5000).values() for r in recs
+        ]
+        for i, r in enumerate(records):
+            try:
+                seen += self._handle(r)
+            except RetryLater:
+                _seek_back_quietly(self.consumer, records[i:])
+                raise
         return seen
+
+    def _handle(self, r: Any) -> int:
+        try:
+            spec = decode(r.value, expect=JobSpec)
+        except Exception as exc:
+            self.reject(r, "decode", exc)
+            return 0
+        try:
+            if isinstance(spec, JobSpec) and self.wanted(spec.job):
+                self.store.save_spec(spec)
+                return 1
+        except Exception as exc:
+            if transient(exc):
+                raise RetryLater(f"storing the job spec at {coordinates(r)}: {exc}") from exc
+            self.reject(r, "actions:jobs", exc)
+        return 0
 
     def close(self) -> None:
         self.consumer.close()
+
+
+class DecisionSource(Protocol):
+    """Where decisions come from (:class:`infra.bus.EventConsumer`; a fake in unit tests)."""
+
+    def poll(self, timeout_ms: int = 1000) -> Batch: ...
+
+    def commit(self) -> None: ...
+
+    def seek_back(self, records: Sequence[Any]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class ActionService:
@@ -114,13 +208,14 @@ class ActionService:
         cfg: ActionsConfig,
         executor: Executor | None = None,
         clock: Callable[[], int] = now_ms,
+        producer: EventProducer | None = None,
     ) -> None:
         self.settings, self.cfg, self.clock = settings, cfg, clock
         self.dir = state_dir(settings, cfg)
         self.store = ProgressStore(self.dir / "progress.sqlite")
         env = ExecutorEnv(state_dir=self.dir / "executor", kafka_bootstrap=settings.kafka.bootstrap_servers)
         self.executor = executor or create_executor(cfg.executor, cfg.executor_options, env)
-        self.producer = EventProducer(settings.kafka, linger_ms=0)
+        self.producer = producer or EventProducer(settings.kafka, linger_ms=0)
         self.publisher = KafkaPublisher(self.producer)
         self.stop_event = threading.Event()
         self.runner = RecoveryRunner(
@@ -129,18 +224,32 @@ class ActionService:
         self._workers: dict[str, threading.Thread] = {}
         # Warm-up (e.g. a torch-preloading diagnostics server) off the main loop, before any recovery.
         threading.Thread(target=self.executor.prepare, name="executor-prepare", daemon=True).start()
-        self._consumer: EventConsumer | None = None
+        self._consumer: DecisionSource | None = None
         self._jobs: JobsFollower | None = None
+        self._stop: threading.Event | None = None
+        #: waits between retries while the broker or the store is down.
+        self.backoff = Backoff(initial_s=0.5, max_s=10.0)
         self.accepted = 0
         self.redelivered = 0
+        #: records (decisions, job specs) and recoveries dead-lettered since the start.
+        self.dead_lettered = 0
+        #: decision id -> (partition, offset) it was consumed at, for dead-lettering its recovery.
+        self._origins: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._crashes: dict[str, int] = {}
+        #: pause after a recovery's run crashed, before the next dispatch retries it.
+        self.crash_pause_s = 1.0
+        self._last_trouble = ("", 0.0)
 
     def wanted(self, job: str) -> bool:
         return not self.cfg.jobs or job in self.cfg.jobs
 
     # --- loop ------------------------------------------------------------------------------------
 
-    def start_consuming(self) -> None:
-        self._consumer = EventConsumer(
+    def start_consuming(
+        self, consumer: DecisionSource | None = None, jobs: JobsFollower | None = None
+    ) -> None:
+        """Open the decisions consumer and the jobs reader (tests may hand in their own)."""
+        self._consumer = consumer or EventConsumer(
             self.settings.kafka,
             [DECISIONS.name],
             self.cfg.group_id,
@@ -148,32 +257,129 @@ class ActionService:
             session_timeout_ms=10_000,
             max_poll_records=500,
         )
-        self._jobs = JobsFollower(self.settings, self.store, self.wanted)
+        self._jobs = jobs or JobsFollower(self.settings, self.store, self.wanted, self.reject)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Run until ``stop`` (or :meth:`shutdown`) is set."""
         if self._consumer is None:
             self.start_consuming()
-        stop = stop or self.stop_event
+        stop = self._stop = stop or self.stop_event
         try:
-            while not stop.is_set() and not self.stop_event.is_set():
+            while not self.stopping():
                 self.tick(int(self.cfg.poll_interval_s * 1000))
         finally:
             self.shutdown()
 
+    def stopping(self) -> bool:
+        return self.stop_event.is_set() or (self._stop is not None and self._stop.is_set())
+
     def tick(self, timeout_ms: int) -> None:
-        """One round of the main loop (public so tests and embedders can drive it)."""
+        """One round of the main loop (public so tests and embedders can drive it).
+
+        Never raises for a bad record or for the world being down: the first is dead-lettered,
+        the second waits (:attr:`backoff`) and is read again next round."""
         assert self._consumer is not None and self._jobs is not None
-        self._jobs.poll(0)
-        batch = self._consumer.poll(timeout_ms=timeout_ms)
-        for ev in batch.events:
-            if isinstance(ev, Decision) and self.wanted(ev.job):
-                self.accept(ev)
+        if self.follow_jobs() and self.take_decisions(timeout_ms):
+            self.follow_jobs()
+            self.backoff.reset()
+        self.housekeeping()
+
+    def follow_jobs(self) -> bool:
+        """Read what is new on the jobs topic; False if the broker or the store is down."""
+        assert self._jobs is not None
+        try:
+            self._jobs.poll(0)
+            return True
+        except Exception as exc:  # the reader's own records are handled one by one inside
+            self._world_down("reading the jobs topic", exc)
+            return False
+
+    def take_decisions(self, timeout_ms: int) -> bool:
+        """Accept the next batch of decisions, each in its own ``try``, then commit past it.
+
+        False (nothing committed, the unhandled records seeked back to) if the broker or the
+        store is down."""
+        assert self._consumer is not None
+        try:
+            batch = self._consumer.poll(timeout_ms=timeout_ms)
+        except Exception as exc:  # undecodable records come back as dead letters, not exceptions
+            self._world_down("reading decisions", exc)
+            return False
+        for dl in batch.dead_letters:  # the consumer published these (stage decode)
+            self.dead_lettered += 1
+            log.error("decode: dead-lettered %s[%d]@%d: %s", dl.topic, dl.partition, dl.offset, dl.reason)
+        pairs = batch.pairs()
+        rejected = False
+        for i, (rec, ev) in enumerate(pairs):
+            try:
+                if isinstance(ev, Decision) and self.wanted(ev.job):
+                    self.accept(ev)
+                    if rec is not None:
+                        self._remember_origin(ev.decision_id, rec)
+            except Exception as exc:
+                if self.stopping() or transient(exc):
+                    self._seek_back([r for r, _ in pairs[i:]])
+                    self._world_down(f"accepting the decision at {_where(rec)}", exc)
+                    return False
+                self.reject(rec if rec is not None else _stand_in(ev), "actions:accept", exc)
+                rejected = True
         if batch.events or batch.dead_letters:
-            self._consumer.commit()  # after every decision of the batch is in the store
-        self._jobs.poll(0)
-        self.force_overdue_updates()
-        self.dispatch()
+            try:
+                if rejected:
+                    self.producer.flush()  # the dead letters are on the topic before we commit past
+                self._consumer.commit()  # after every decision of the batch is in the store
+            except Exception as exc:
+                self._seek_back([r for r, _ in pairs])
+                self._world_down("committing decisions", exc)
+                return False
+        return True
+
+    def reject(self, record: Any, stage: str, exc: BaseException) -> None:
+        """Dead-letter a consumed record whose handling failed at ``stage`` (logged once, counted)."""
+        dl = poisoned(record, stage, exc, log)
+        self.dead_lettered += 1
+        try:
+            self.producer.send(dl, DEAD_LETTERS)
+        except Exception as send_exc:  # logged above with its coordinates; the record is still skipped
+            log.warning("could not publish the dead letter for %s: %s", _where(record), send_exc)
+
+    def _remember_origin(self, decision_id: str, rec: Any) -> None:
+        self._origins[decision_id] = (int(rec.partition), int(rec.offset))
+        self._origins.move_to_end(decision_id)
+        while len(self._origins) > 10_000:
+            self._origins.popitem(last=False)
+
+    def _seek_back(self, records: list[Any]) -> None:
+        assert self._consumer is not None
+        known = [r for r in records if r is not None]
+        if not known:
+            return
+        try:
+            self._consumer.seek_back(known)
+        except Exception as exc:  # then the group re-reads from the committed offsets after a restart
+            log.warning("could not seek back to %d decision record(s): %s", len(known), exc)
+
+    def _world_down(self, what: str, exc: BaseException) -> None:
+        delay = self.backoff.next_delay()
+        log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__, exc, delay)
+        self._pause(delay)
+
+    def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping() and (left := deadline - time.monotonic()) > 0:
+            self.stop_event.wait(min(left, 0.2))
+
+    def housekeeping(self) -> None:
+        """Forced updates and dispatch; an error here is logged (not every round), never fatal."""
+        try:
+            self.force_overdue_updates()
+            self.dispatch()
+        except Exception as exc:
+            text, last = self._last_trouble
+            now = time.monotonic()
+            if str(exc) != text or now - last > 60:
+                log.exception("dispatching recoveries failed (retried every round)")
+                self._last_trouble = (str(exc), now)
 
     def accept(self, decision: Decision) -> bool:
         if self.store.accept(decision, self.clock()):
@@ -214,17 +420,87 @@ class ActionService:
 
     def _work(self, job: str) -> None:
         while not self.stop_event.is_set():
-            head = self.store.head_of_job(job)
+            try:
+                head = self.store.head_of_job(job)
+            except Exception:  # the store away: retried at a later dispatch
+                log.exception("reading the queue of job %s failed", job)
+                self.stop_event.wait(self.crash_pause_s)
+                return
             if head is None or head.state is RecoveryState.HELD:
                 return
             try:
                 rec = self.runner.run(head.decision_id)
-            except Exception:  # a bug or a broken store: log it, retry at a later dispatch
-                log.exception("recovery %s of job %s crashed", head.decision_id, job)
-                self.stop_event.wait(1.0)
-                return
+            except Exception as exc:
+                if not self._crashed(head.decision_id, exc):
+                    return  # retried at a later dispatch
+                continue  # given up on: the job's next recovery
+            self._crashes.pop(head.decision_id, None)
             if not rec.state.terminal:
                 return  # held, or stopping
+
+    def _crashed(self, decision_id: str, exc: BaseException) -> bool:
+        """A recovery's run raised: True once it has been failed and dead-lettered (after
+        :data:`MAX_RECOVERY_CRASHES` crashes of its own), False to retry it later."""
+        if self.stop_event.is_set() or transient(exc):  # the store or the broker away: not its fault
+            log.warning(
+                "recovery %s interrupted (%s: %s); retried later", decision_id, type(exc).__name__, exc
+            )
+            self.stop_event.wait(self.crash_pause_s)
+            return False
+        n = self._crashes[decision_id] = self._crashes.get(decision_id, 0) + 1
+        if n < MAX_RECOVERY_CRASHES:
+            log.warning(
+                "recovery %s crashed (%d of %d): %s: %s",
+                decision_id,
+                n,
+                MAX_RECOVERY_CRASHES,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            self.stop_event.wait(self.crash_pause_s)
+            return False
+        try:
+            self.give_up(decision_id, exc)
+        except Exception:  # the store away: tried again after the next crash
+            log.exception("could not give up on recovery %s", decision_id)
+            self.stop_event.wait(self.crash_pause_s)
+            return False
+        self._crashes.pop(decision_id, None)
+        return True
+
+    def give_up(self, decision_id: str, exc: BaseException) -> None:
+        """Fail a recovery whose run keeps crashing and dead-letter its decision (``actions:recover``)."""
+        rec = self.store.get(decision_id)
+        if rec is None or rec.state.terminal:
+            return
+        detail = f"recovery crashed {MAX_RECOVERY_CRASHES} times: {type(exc).__name__}: {exc}"[:60_000]
+        # A crash while replenishing: the job already runs again (the table allows only success).
+        end = RecoveryState.SUCCEEDED if rec.state is RecoveryState.REPLENISHING else RecoveryState.FAILED
+        try:
+            rec = self.store.transition(decision_id, end, finished_ms=self.clock(), detail=detail)
+        except (InvalidStateTransition, KeyError) as move_exc:  # moved meanwhile (an operator)
+            log.warning("could not end crashed recovery %s: %s", decision_id, move_exc)
+            return
+        partition, offset = self._origins.get(decision_id, (-1, -1))
+        self.reject(_stand_in(rec.decision, partition, offset), "actions:recover", exc)
+        d = rec.decision
+        try:
+            self.publisher.action(
+                ActionEvent(
+                    event_id=stable_id(d.decision_id, "recovery", ActionPhase.FAILED.value, 0),
+                    decision_id=d.decision_id,
+                    ts_ms=self.clock(),
+                    job=d.job,
+                    step="recovery",
+                    phase=ActionPhase.FAILED if end is RecoveryState.FAILED else ActionPhase.SUCCEEDED,
+                    action=d.action,
+                    detail=f"{end.value}: {detail}"[:60_000],
+                    targets=Targets(machines=[], ranks=[], group_kind=d.targets.group_kind),
+                )
+            )
+        except Exception as pub_exc:
+            log.warning("could not publish the end of crashed recovery %s: %s", decision_id, pub_exc)
 
     def idle(self) -> bool:
         """No worker is running (tests wait for this)."""
@@ -247,6 +523,30 @@ class ActionService:
         except Exception as exc:
             log.debug("producer close failed: %s", exc)
         self.store.close()
+
+
+def _log_only(record: Any, stage: str, exc: BaseException) -> None:
+    poisoned(record, stage, exc, log)
+
+
+def _where(record: Any) -> str:
+    return coordinates(record) if record is not None else "an unknown offset"
+
+
+def _stand_in(decision: Any, partition: int = -1, offset: int = -1) -> Any:
+    """A record-like object for a decision whose consumed record is not at hand."""
+    try:
+        value = encode(decision)
+    except Exception:
+        value = repr(decision).encode("utf-8", "backslashreplace")
+    key = getattr(decision, "job", "")
+    return SimpleNamespace(
+        topic=DECISIONS.name,
+        partition=partition,
+        offset=offset,
+        key=key.encode("utf-8", "backslashreplace") if isinstance(key, str) else None,
+        value=value,
+    )
 
 
 def status(store: ProgressStore, job: str | None = None, limit: int = 50) -> list[dict[str, Any]]:

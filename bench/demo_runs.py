@@ -7,7 +7,8 @@ from the outside.  Per run: wall time, incidents recovered / injected, TrainGuar
 baseline's (same ClickHouse query, same run), the lowest 1-hour sliding ETTR, and p50 / p90 of the
 detect and recover seconds over the run's incidents.  A run that exits non-zero or writes no
 summary is reported as failed with the tail of its output.  Exit status: 0 when every run wrote a
-summary with every incident recovered, 1 otherwise.
+summary with every incident recovered and a measured ETTR (an ETTR of 0 over 0 s means ClickHouse
+holds no training steps of the job: the pipeline lost them), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def main() -> int:
             flush=True,
         )
     (args.out_dir / "runs.json").write_text(json.dumps(results, indent=2))
-    ok = all(r is not None and r["recovered"] == r["injected"] and r["exit"] == 0 for r in results)
+    ok = all(
+        r is not None and r["recovered"] == r["injected"] and r["exit"] == 0 and r["ettr"] for r in results
+    )
     return 0 if ok else 1
 
 

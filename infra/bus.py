@@ -109,19 +109,47 @@ class EventProducer:
         self._producer.close(timeout=timeout_s)
 
 
+class RejectedRecord(ValueError):
+    """A handler's verdict that a record is bad (a command it cannot apply): dead-lettered like
+    any failure, but logged without a traceback (there is no bug to look at)."""
+
+
+def trace_of(exc: BaseException) -> BaseException | None:
+    """What to pass as ``exc_info`` when logging a failed record: the traceback, unless the
+    record was rejected on purpose (:class:`RejectedRecord`, the decoder's :class:`DecodeError`)."""
+    return None if isinstance(exc, RejectedRecord | DecodeError) else exc
+
+
+def coordinates(record: Any) -> str:
+    """``topic[partition]@offset`` of a consumed record, for log lines."""
+    return f"{record.topic}[{record.partition}]@{record.offset}"
+
+
+def error_text(exc: BaseException) -> str:
+    """What a dead letter says about the exception that made its record fail."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _printable(text: str) -> str:
+    # A reason quoting the record (a lone surrogate, say) must not make the dead letter unencodable.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def dead_letter_for(record: Any, reason: str, stage: str = "decode") -> DeadLetter:
     """A dead-letter event for a consumed record (kafka-python/aiokafka ConsumerRecord)."""
-    raw: bytes = record.value or b""
+    raw = record.value or b""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "backslashreplace")
     try:
         payload, b64 = raw.decode("utf-8"), False
     except UnicodeDecodeError:
         payload, b64 = base64.b64encode(raw).decode(), True
-    key = record.key.decode("utf-8", "replace") if record.key else ""
+    key = record.key.decode("utf-8", "replace") if isinstance(record.key, bytes) else str(record.key or "")
     return DeadLetter(
         ts_ms=now_ms(),
         topic=record.topic,
-        reason=reason[:60_000],
-        stage=stage,
+        reason=_printable(reason)[:60_000],
+        stage=_printable(stage)[:256],
         partition=record.partition,
         offset=record.offset,
         key=key[:4000],
@@ -130,19 +158,59 @@ def dead_letter_for(record: Any, reason: str, stage: str = "decode") -> DeadLett
     )
 
 
+def poisoned(record: Any, stage: str, exc: BaseException, logger: logging.Logger = log) -> DeadLetter:
+    """The dead letter for a record that failed at ``stage`` (``"actions:accept"``,
+    ``"worker:control"``, ...), logged once at ERROR with its coordinates.
+
+    For a record that is *bad* (it decodes but its handling raises): the caller publishes the
+    dead letter and moves past the record.  Not for the world being down (a broker or a disk
+    away), which the caller retries with :class:`infra.backoff.Backoff` instead.
+    """
+    reason = error_text(exc)
+    logger.error("%s: dead-lettering %s: %s", stage, coordinates(record), reason, exc_info=trace_of(exc))
+    return dead_letter_for(record, reason, stage)
+
+
 def decode_record(record: Any) -> Event | DeadLetter:
-    """Decode one consumed record against its topic's event type; a failure -> DeadLetter."""
+    """Decode one consumed record against its topic's event type; a failure -> DeadLetter.
+
+    Any exception of the decoder is the record's fault (not only :class:`DecodeError`: a
+    4,301-digit integer makes ``json`` raise ``ValueError``), so none escapes."""
     topic = BY_NAME.get(record.topic)
     try:
         return decode(record.value, expect=topic.event if topic else None)
     except DecodeError as exc:
         return dead_letter_for(record, str(exc))
+    except Exception as exc:
+        return dead_letter_for(record, f"undecodable: {error_text(exc)}")
+
+
+def seek_back(consumer: Any, records: Iterable[Any]) -> None:
+    """Point a kafka-python consumer back at ``records`` (unhandled ones, to read again after the
+    world came back): each partition to the lowest offset among them.  Local to the consumer, no
+    broker round trip."""
+    from kafka import TopicPartition
+
+    first: dict[tuple[str, int], int] = {}
+    for r in records:
+        tp = (r.topic, r.partition)
+        first[tp] = min(first.get(tp, r.offset), r.offset)
+    for (topic, partition), offset in first.items():
+        consumer.seek(TopicPartition(topic, partition), offset)
 
 
 @dataclass
 class Batch:
     events: list[Event]
     dead_letters: list[DeadLetter]
+    #: the consumed record each event came from (same order as ``events``): its coordinates, for
+    #: dead-lettering an event whose handling fails.
+    records: list[Any] = field(default_factory=list)
+
+    def pairs(self) -> list[tuple[Any, Event]]:
+        """(record, event) for every decoded event (record None where the batch has no records)."""
+        recs = self.records if len(self.records) == len(self.events) else [None] * len(self.events)
+        return list(zip(recs, self.events, strict=True))
 
 
 class EventConsumer:
@@ -177,7 +245,13 @@ class EventConsumer:
         }
         options.update(kw)
         try:
-            self._consumer = KafkaConsumer(*topics, **cfg.client_kwargs(), **options)
+            self._consumer = KafkaConsumer(**cfg.client_kwargs(), **options)
+            # Metadata of every topic before the first join: a member that joins without it gets
+            # no partitions of those topics (the range assignor skips them, "No partition metadata
+            # for topic") and waits for a later metadata refresh to rejoin.
+            if topics:
+                self._consumer.partitions_for_topic(topics[0])
+            self._consumer.subscribe(topics)
         except (KafkaError, OSError) as exc:
             raise BusError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {exc}") from exc
 
@@ -185,6 +259,7 @@ class EventConsumer:
         records = self._consumer.poll(timeout_ms=timeout_ms)
         events: list[Event] = []
         dead: list[DeadLetter] = []
+        sources: list[Any] = []
         for recs in records.values():
             for rec in recs:
                 out = decode_record(rec)
@@ -192,14 +267,23 @@ class EventConsumer:
                     dead.append(out)
                 else:
                     events.append(out)
+                    sources.append(rec)
         if dead and self.producer is not None:
-            for d in dead:
-                self.producer.send(d, DEAD_LETTERS)
-            self.producer.flush()
-        return Batch(events, dead)
+            try:
+                for d in dead:
+                    self.producer.send(d, DEAD_LETTERS)
+                self.producer.flush()
+            except Exception:  # the broker away: the whole batch is read again, nothing lost
+                self.seek_back([rec for recs in records.values() for rec in recs])
+                raise
+        return Batch(events, dead, sources)
 
     def commit(self) -> None:
         self._consumer.commit()
+
+    def seek_back(self, records: Iterable[Any]) -> None:
+        """Read ``records`` (and what follows them) again: see :func:`seek_back`."""
+        seek_back(self._consumer, records)
 
     def rewind(self) -> None:
         """Go back to the last committed offsets (after a failed store, to retry the batch)."""

@@ -4,9 +4,13 @@ Wire format: one UTF-8 JSON object per Kafka record, the event's fields plus ``s
 event's ``TYPE``) and ``version``.  Non-finite floats are written as the JSON extensions
 ``NaN``/``Infinity`` (Python's ``json`` reads them back), because a NaN loss must survive the trip.
 
-:func:`decode` never raises anything but :class:`DecodeError`, whose ``reason`` is precise
-enough for a dead-letter record: not UTF-8, not JSON, unknown schema, unknown version, wrong
-type for this topic, or the first field that failed validation (with its path).
+:func:`decode` is total: for every input it returns a valid event or raises :class:`DecodeError`
+-- never anything else -- whose ``reason`` is short, printable and precise enough for a
+dead-letter record: not bytes, too large, not UTF-8, not JSON (integers of more than 4300 digits
+included), nested too deeply, unknown schema, unknown version, wrong type for this topic, or the
+first field that failed validation (with its path).  An event that decodes also encodes again
+(no lone surrogates), and its values fit the ClickHouse columns they are stored in (every field's
+``bounds``; see ``schemas.limits``).
 
 >>> from schemas.workload import TrainingStep
 >>> ev = TrainingStep(job="j", rank=0, step=7, ts_ms=1, loss=float("nan"))
@@ -16,6 +20,10 @@ nan
 Traceback (most recent call last):
 ...
 schemas.codec.DecodeError: training_step.rank: -3 is below the minimum 0
+>>> decode(b'{"schema": "decision", "version": 1, "decision_id": "d", "ts_ms": 1, "job": "\\\\ud800"}')
+Traceback (most recent call last):
+...
+schemas.codec.DecodeError: decision.job: string holds a lone surrogate U+D800 at character 0
 """
 
 from __future__ import annotations
@@ -25,10 +33,17 @@ from typing import Any, TypeVar
 
 from schemas import control, telemetry, workload  # noqa: F401  (registers the event types)
 from schemas.base import EVENT_TYPES, Event
-from schemas.typecheck import SchemaError, from_mapping, to_plain
+from schemas.typecheck import SchemaError, from_mapping, show, show_text, to_plain
 
-#: Larger records are refused before parsing (a runaway producer must not OOM a worker).
+#: Larger records are refused before parsing (a runaway producer must not OOM a worker).  The
+#: largest topic limit is 8 MiB (stack dumps, ``schemas.topics``), the producer's 16 MiB.
 MAX_RECORD_BYTES = 16 * 1024 * 1024
+#: Deepest nesting of JSON arrays/objects accepted (the top-level object is depth 1).  Typed
+#: fields nest at most 5 deep (stack dump -> threads -> frame); the rest is for ``Any`` values
+#: (detection evidence, decision evidence holding an over-eviction analysis: about 10 deep).
+#: Bounding it keeps every later recursive walk (``to_plain``, ``json.dumps``) far from the
+#: interpreter's recursion limit.
+MAX_DEPTH = 64
 _ENVELOPE = frozenset({"schema", "version"})
 
 E = TypeVar("E", bound=Event)
@@ -57,31 +72,57 @@ def from_dict(data: Any, expect: type[E] | None = None) -> Event:
         raise DecodeError("schema", "missing or not a string")
     cls = EVENT_TYPES.get(name)
     if cls is None:
-        raise DecodeError("schema", f"unknown event type {name!r}")
+        raise DecodeError("schema", f"unknown event type {show(name)}")
     if expect is not None and cls is not expect:
         raise DecodeError("schema", f"expected {expect.TYPE!r} on this topic, got {name!r}")
     version = data.get("version")
     if isinstance(version, bool) or not isinstance(version, int):
-        raise DecodeError("version", f"missing or not an integer: {version!r}")
+        raise DecodeError("version", f"missing or not an integer: {show(version)}")
     body = {k: v for k, v in data.items() if k not in _ENVELOPE}
     if version != cls.VERSION:
         upgrade = cls.UPGRADES.get(version)
         if upgrade is None:
             known = sorted({cls.VERSION, *cls.UPGRADES})
-            raise DecodeError("version", f"unknown version {version} of {name!r} (this build reads {known})")
-        body = upgrade(body)
+            raise DecodeError(
+                "version", f"unknown version {show(version)} of {name!r} (this build reads {known})"
+            )
+        try:
+            body = upgrade(body)
+        except Exception as exc:  # an upgrader meets an old record it cannot read
+            raise DecodeError(
+                "version", f"cannot upgrade version {version} of {name!r}: {_why(exc)}"
+            ) from None
     try:
         return from_mapping(cls, body, path=name)
     except SchemaError as exc:
         raise DecodeError(exc.path, exc.reason) from None
 
 
-def decode(raw: bytes | bytearray | memoryview | None, expect: type[E] | None = None) -> Event:
-    """Parse one record's value; raise :class:`DecodeError` with the reason on any problem."""
+def _why(exc: BaseException) -> str:
+    return show_text(f"{type(exc).__name__}: {exc}", 300)
+
+
+def _too_deep(data: Any, limit: int) -> bool:
+    """Whether arrays/objects nest deeper than ``limit`` (walked without recursion)."""
+    todo = [(data, 1)] if isinstance(data, dict | list) else []
+    while todo:
+        node, depth = todo.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                todo.append((child, depth + 1))
+    return False
+
+
+def _parse(raw: Any) -> Any:
     if raw is None:
         raise DecodeError("", "empty record (null value / tombstone)")
-    if len(raw) > MAX_RECORD_BYTES:
-        raise DecodeError("", f"record of {len(raw)} bytes exceeds {MAX_RECORD_BYTES}")
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        raise DecodeError("", f"expected bytes, got {type(raw).__name__}")
+    size = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+    if size > MAX_RECORD_BYTES:
+        raise DecodeError("", f"record of {size} bytes exceeds {MAX_RECORD_BYTES}")
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -91,5 +132,25 @@ def decode(raw: bytes | bytearray | memoryview | None, expect: type[E] | None = 
     except json.JSONDecodeError as exc:
         raise DecodeError("", f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
-        raise DecodeError("", "not JSON: nested too deeply") from None
-    return from_dict(data, expect)
+        raise DecodeError("", f"not JSON: nested deeper than {MAX_DEPTH}") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (int_max_str_digits)
+        raise DecodeError("", f"not JSON: {_why(exc)}") from None
+    except MemoryError:
+        raise DecodeError("", "not JSON: out of memory parsing the record") from None
+    if _too_deep(data, MAX_DEPTH):
+        raise DecodeError("", f"not JSON: nested deeper than {MAX_DEPTH}")
+    return data
+
+
+def decode(raw: bytes | bytearray | memoryview | None, expect: type[E] | None = None) -> Event:
+    """Parse one record's value; raise :class:`DecodeError` with the reason on any problem.
+
+    Total: any other exception (a bug) also becomes a :class:`DecodeError` (``internal error``)
+    rather than escaping into a consumer loop; the tests assert no input ever gets there.
+    """
+    try:
+        return from_dict(_parse(raw), expect)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError("", f"internal error while decoding: {_why(exc)}") from None

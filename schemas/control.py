@@ -15,13 +15,12 @@ from typing import Any
 
 from schemas.base import Event, register
 from schemas.enums import Action, Severity
+from schemas.limits import ID, JSON, NAME, NAMES, RANKS, TEXT, TS_MS
 from schemas.topology import JobTopology
 from schemas.typecheck import bounds
 
-_NAME = bounds(max_len=256)
-_MS = bounds(0, 2**62)
-_ID = bounds(max_len=128)
-_TEXT = bounds(max_len=65_536)
+#: most detections one decision cites.
+MAX_DETECTION_IDS = 65_536
 
 
 def stable_id(*parts: Any) -> str:
@@ -42,29 +41,29 @@ class Detection(Event):
     """Something a rule or detector found, with the evidence that made it fire."""
 
     TYPE = "detection"
-    detection_id: str = field(metadata=_ID)
-    ts_ms: int = field(metadata=_MS)
-    job: str = field(metadata=_NAME)
-    kind: str = field(metadata=_NAME)  # rule id or detector name (xid_79, nan_loss, straggler...)
-    category: str = field(metadata=_NAME)  # cuda_error, nic, hang, fail_slow, user_code, ...
+    detection_id: str = field(metadata=ID)
+    ts_ms: int = field(metadata=TS_MS)
+    job: str = field(metadata=NAME)
+    kind: str = field(metadata=NAME)  # rule id or detector name (xid_79, nan_loss, straggler...)
+    category: str = field(metadata=NAME)  # cuda_error, nic, hang, fail_slow, user_code, ...
     severity: Severity = Severity.WARNING
     action: Action = Action.NONE  # the recommendation; the decide step makes the decision
-    node: str = field(default="", metadata=_NAME)
-    ranks: list[int] = field(default_factory=list)
+    node: str = field(default="", metadata=NAME)
+    ranks: list[int] = field(default_factory=list, metadata=RANKS)
     score: float | None = field(default=None, metadata=bounds(allow_nan=False))
-    message: str = field(default="", metadata=_TEXT)
-    evidence: dict[str, Any] = field(default_factory=dict)
+    message: str = field(default="", metadata=TEXT)
+    evidence: dict[str, Any] = field(default_factory=dict, metadata=JSON)
     #: ts_ms of the event that triggered the detection (for detect-latency accounting).
-    source_ts_ms: int = field(default=0, metadata=_MS)
+    source_ts_ms: int = field(default=0, metadata=TS_MS)
 
 
 @dataclass(frozen=True)
 class Targets:
     """What a decision acts on: machines (node names), ranks, and the parallel group if any."""
 
-    machines: list[str] = field(default_factory=list)
-    ranks: list[int] = field(default_factory=list)
-    group_kind: str = field(default="", metadata=_NAME)  # tp / pp / dp / machine / job
+    machines: list[str] = field(default_factory=list, metadata=NAMES)
+    ranks: list[int] = field(default_factory=list, metadata=RANKS)
+    group_kind: str = field(default="", metadata=NAME)  # tp / pp / dp / machine / job
 
 
 def decision_id(job: str, action: Action, targets: Targets, window_start_ms: int) -> str:
@@ -78,14 +77,16 @@ class Decision(Event):
     """What to do about a job, decided from one or more detections (workers -> action service)."""
 
     TYPE = "decision"
-    decision_id: str = field(metadata=_ID)
-    ts_ms: int = field(metadata=_MS)
-    job: str = field(metadata=_NAME)
+    decision_id: str = field(metadata=ID)
+    ts_ms: int = field(metadata=TS_MS)
+    job: str = field(metadata=NAME)
     action: Action
     targets: Targets = field(default_factory=Targets)
-    reason: str = field(default="", metadata=_TEXT)
-    detection_ids: list[str] = field(default_factory=list)
-    evidence: dict[str, Any] = field(default_factory=dict)
+    reason: str = field(default="", metadata=TEXT)
+    detection_ids: list[str] = field(
+        default_factory=list, metadata=bounds(max_len=128, max_items=MAX_DETECTION_IDS)
+    )
+    evidence: dict[str, Any] = field(default_factory=dict, metadata=JSON)
 
 
 class ActionPhase(StrEnum):
@@ -101,15 +102,15 @@ class ActionEvent(Event):
     """One step of a recovery run by the action service (started/succeeded/failed, timed)."""
 
     TYPE = "action_event"
-    event_id: str = field(metadata=_ID)
-    decision_id: str = field(metadata=_ID)
-    ts_ms: int = field(metadata=_MS)
-    job: str = field(metadata=_NAME)
-    step: str = field(metadata=_NAME)  # stop / evict / swap_standby / restart / rollback / diagnose ...
+    event_id: str = field(metadata=ID)
+    decision_id: str = field(metadata=ID)
+    ts_ms: int = field(metadata=TS_MS)
+    job: str = field(metadata=NAME)
+    step: str = field(metadata=NAME)  # stop / evict / swap_standby / restart / rollback / diagnose ...
     phase: ActionPhase
     action: Action = Action.NONE
     duration_ms: float = field(default=0.0, metadata=bounds(0, 1e12))
-    detail: str = field(default="", metadata=_TEXT)
+    detail: str = field(default="", metadata=TEXT)
     targets: Targets = field(default_factory=Targets)
 
 
@@ -125,12 +126,12 @@ class Command(Event):
     """Control plane -> node exporter (keyed by node) or -> workers (control topic)."""
 
     TYPE = "command"
-    command_id: str = field(metadata=_ID)
-    ts_ms: int = field(metadata=_MS)
+    command_id: str = field(metadata=ID)
+    ts_ms: int = field(metadata=TS_MS)
     kind: CommandKind
-    node: str = field(default="", metadata=_NAME)  # "" = every node that reads the topic
-    job: str = field(default="", metadata=_NAME)
-    args: dict[str, Any] = field(default_factory=dict)
+    node: str = field(default="", metadata=NAME)  # "" = every node that reads the topic
+    job: str = field(default="", metadata=NAME)
+    args: dict[str, Any] = field(default_factory=dict, metadata=JSON)
 
 
 @register
@@ -139,10 +140,10 @@ class DeadLetter(Event):
     """An input that could not be processed, with the precise reason; never dropped silently."""
 
     TYPE = "dead_letter"
-    ts_ms: int = field(metadata=_MS)
-    topic: str = field(metadata=_NAME)
-    reason: str = field(metadata=_TEXT)
-    stage: str = field(default="decode", metadata=_NAME)  # decode / process / sink
+    ts_ms: int = field(metadata=TS_MS)
+    topic: str = field(metadata=NAME)
+    reason: str = field(metadata=TEXT)
+    stage: str = field(default="decode", metadata=NAME)  # decode / process / sink
     partition: int = field(default=-1, metadata=bounds(-1, 1_000_000))
     offset: int = field(default=-1, metadata=bounds(-1, 2**63 - 1))
     key: str = field(default="", metadata=bounds(max_len=4096))
@@ -161,9 +162,9 @@ class JobSpec(Event):
     """
 
     TYPE = "job_spec"
-    job: str = field(metadata=_NAME)
-    ts_ms: int = field(metadata=_MS)
+    job: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
     topology: JobTopology
-    standbys: list[str] = field(default_factory=list)
+    standbys: list[str] = field(default_factory=list, metadata=NAMES)
     #: stall threshold etc. overrides for this job (detector config keys -> values).
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict, metadata=JSON)

@@ -10,11 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from schemas.base import Event, register
+from schemas.limits import NAME, TS_MS, U64
 from schemas.typecheck import bounds
-
-_NAME = bounds(max_len=256)
-_U64 = bounds(0, 2**64 - 1)
-_MS = bounds(0, 2**62)
 
 
 class GpuState(StrEnum):
@@ -31,29 +28,29 @@ class GpuSample:
     """One GPU at one instant (NVML)."""
 
     index: int = field(metadata=bounds(0, 1023))
-    uuid: str = field(default="", metadata=_NAME)
+    uuid: str = field(default="", metadata=NAME)
     state: GpuState = GpuState.OK
     util_gpu_pct: float | None = field(default=None, metadata=bounds(0, 100))
     util_mem_pct: float | None = field(default=None, metadata=bounds(0, 100))
-    mem_used_bytes: int | None = field(default=None, metadata=_U64)
-    mem_total_bytes: int | None = field(default=None, metadata=_U64)
+    mem_used_bytes: int | None = field(default=None, metadata=U64)
+    mem_total_bytes: int | None = field(default=None, metadata=U64)
     temperature_c: float | None = field(default=None, metadata=bounds(-50, 200))
     power_w: float | None = field(default=None, metadata=bounds(0, 10_000))
     sm_clock_mhz: int | None = field(default=None, metadata=bounds(0, 100_000))
     #: NVML clocks-event (throttle) reason bitmask and its decoded names.
-    throttle_mask: int | None = field(default=None, metadata=_U64)
-    throttle_reasons: list[str] = field(default_factory=list)
-    ecc_volatile_corrected: int | None = field(default=None, metadata=_U64)
-    ecc_volatile_uncorrected: int | None = field(default=None, metadata=_U64)
-    ecc_aggregate_corrected: int | None = field(default=None, metadata=_U64)
-    ecc_aggregate_uncorrected: int | None = field(default=None, metadata=_U64)
+    throttle_mask: int | None = field(default=None, metadata=U64)
+    throttle_reasons: list[str] = field(default_factory=list, metadata=bounds(max_len=256, max_items=64))
+    ecc_volatile_corrected: int | None = field(default=None, metadata=U64)
+    ecc_volatile_uncorrected: int | None = field(default=None, metadata=U64)
+    ecc_aggregate_corrected: int | None = field(default=None, metadata=U64)
+    ecc_aggregate_uncorrected: int | None = field(default=None, metadata=U64)
     retired_pages_pending: bool | None = None
-    remapped_rows_correctable: int | None = field(default=None, metadata=_U64)
-    remapped_rows_uncorrectable: int | None = field(default=None, metadata=_U64)
+    remapped_rows_correctable: int | None = field(default=None, metadata=U64)
+    remapped_rows_uncorrectable: int | None = field(default=None, metadata=U64)
     remap_pending: bool | None = None
     remap_failure: bool | None = None
-    pcie_replay_count: int | None = field(default=None, metadata=_U64)
-    nvlink_errors: int | None = field(default=None, metadata=_U64)
+    pcie_replay_count: int | None = field(default=None, metadata=U64)
+    nvlink_errors: int | None = field(default=None, metadata=U64)
     #: set when state != ok: the NVML error text.
     error: str = field(default="", metadata=bounds(max_len=4096))
 
@@ -64,17 +61,17 @@ class GpuSampleBatch(Event):
     """All GPUs of one node sampled together (exporter ``nvml`` source)."""
 
     TYPE = "gpu_batch"
-    node: str = field(metadata=_NAME)
-    ts_ms: int = field(metadata=_MS)
-    gpus: list[GpuSample] = field(default_factory=list)
-    job: str = field(default="", metadata=_NAME)
+    node: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
+    gpus: list[GpuSample] = field(default_factory=list, metadata=bounds(max_items=1024))
+    job: str = field(default="", metadata=NAME)
 
 
 @dataclass(frozen=True)
 class DiskUsage:
     mount: str = field(metadata=bounds(max_len=1024))
-    total_bytes: int = field(metadata=_U64)
-    used_bytes: int = field(metadata=_U64)
+    total_bytes: int = field(metadata=U64)
+    used_bytes: int = field(metadata=U64)
 
 
 @register
@@ -83,38 +80,40 @@ class HostSample(Event):
     """CPU, memory, disks and processes of one node (exporter ``host`` source)."""
 
     TYPE = "host"
-    node: str = field(metadata=_NAME)
-    ts_ms: int = field(metadata=_MS)
+    node: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
     cpu_util_pct: float = field(metadata=bounds(0, 100))
     load1: float = field(metadata=bounds(0, 1e6))
     load5: float = field(metadata=bounds(0, 1e6))
     load15: float = field(metadata=bounds(0, 1e6))
-    mem_total_bytes: int = field(metadata=_U64)
-    mem_available_bytes: int = field(metadata=_U64)
-    swap_total_bytes: int = field(default=0, metadata=_U64)
-    swap_used_bytes: int = field(default=0, metadata=_U64)
+    mem_total_bytes: int = field(metadata=U64)
+    mem_available_bytes: int = field(metadata=U64)
+    swap_total_bytes: int = field(default=0, metadata=U64)
+    swap_used_bytes: int = field(default=0, metadata=U64)
     process_count: int = field(default=0, metadata=bounds(0, 10_000_000))
-    disks: list[DiskUsage] = field(default_factory=list)
-    job: str = field(default="", metadata=_NAME)
+    disks: list[DiskUsage] = field(default_factory=list, metadata=bounds(max_items=10_000))
+    job: str = field(default="", metadata=NAME)
 
 
 @dataclass(frozen=True)
 class NicSample:
     """One network interface (Ethernet from /sys/class/net, or an InfiniBand port)."""
 
-    name: str = field(metadata=_NAME)
-    kind: str = field(default="eth", metadata=_NAME)  # "eth" or "ib"
-    operstate: str = field(default="unknown", metadata=_NAME)  # up/down/unknown/dormant/...
+    name: str = field(metadata=NAME)
+    kind: str = field(default="eth", metadata=NAME)  # "eth" or "ib"
+    operstate: str = field(default="unknown", metadata=NAME)  # up/down/unknown/dormant/...
     carrier: bool | None = None
-    carrier_changes: int | None = field(default=None, metadata=_U64)
-    rx_bytes: int | None = field(default=None, metadata=_U64)
-    tx_bytes: int | None = field(default=None, metadata=_U64)
-    rx_errors: int | None = field(default=None, metadata=_U64)
-    tx_errors: int | None = field(default=None, metadata=_U64)
-    rx_dropped: int | None = field(default=None, metadata=_U64)
-    tx_dropped: int | None = field(default=None, metadata=_U64)
+    carrier_changes: int | None = field(default=None, metadata=U64)
+    rx_bytes: int | None = field(default=None, metadata=U64)
+    tx_bytes: int | None = field(default=None, metadata=U64)
+    rx_errors: int | None = field(default=None, metadata=U64)
+    tx_errors: int | None = field(default=None, metadata=U64)
+    rx_dropped: int | None = field(default=None, metadata=U64)
+    tx_dropped: int | None = field(default=None, metadata=U64)
     #: InfiniBand port counters (symbol_error, link_downed, port_rcv_errors, ...) by sysfs name.
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = field(
+        default_factory=dict, metadata=bounds(0, 2**64 - 1, max_len=256, max_items=1024)
+    )
 
 
 @register
@@ -123,20 +122,20 @@ class NicSampleBatch(Event):
     """All interfaces of one node (exporter ``nic`` source)."""
 
     TYPE = "nic_batch"
-    node: str = field(metadata=_NAME)
-    ts_ms: int = field(metadata=_MS)
-    nics: list[NicSample] = field(default_factory=list)
-    job: str = field(default="", metadata=_NAME)
+    node: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
+    nics: list[NicSample] = field(default_factory=list, metadata=bounds(max_items=10_000))
+    job: str = field(default="", metadata=NAME)
 
 
 @dataclass(frozen=True)
 class SourceHealth:
     """Self-report of one exporter source (node_exporter's ``*_scrape_collector_success``)."""
 
-    name: str = field(metadata=_NAME)
+    name: str = field(metadata=NAME)
     ok: bool
-    last_success_ms: int = field(default=0, metadata=_MS)
-    error_count: int = field(default=0, metadata=_U64)
+    last_success_ms: int = field(default=0, metadata=TS_MS)
+    error_count: int = field(default=0, metadata=U64)
     duration_ms: float = field(default=0.0, metadata=bounds(0, 1e9))
     last_error: str = field(default="", metadata=bounds(max_len=4096))
 
@@ -147,9 +146,9 @@ class Heartbeat(Event):
     """Periodic liveness of an exporter, worker or action service, with its sources' health."""
 
     TYPE = "heartbeat"
-    node: str = field(metadata=_NAME)
-    component: str = field(metadata=_NAME)  # exporter / worker / actions / reporter
-    ts_ms: int = field(metadata=_MS)
-    seq: int = field(default=0, metadata=_U64)
-    job: str = field(default="", metadata=_NAME)
-    sources: list[SourceHealth] = field(default_factory=list)
+    node: str = field(metadata=NAME)
+    component: str = field(metadata=NAME)  # exporter / worker / actions / reporter
+    ts_ms: int = field(metadata=TS_MS)
+    seq: int = field(default=0, metadata=U64)
+    job: str = field(default="", metadata=NAME)
+    sources: list[SourceHealth] = field(default_factory=list, metadata=bounds(max_items=1024))

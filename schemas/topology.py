@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from schemas.limits import MAX_RANK, NAME, NAMES
 from schemas.typecheck import bounds
 
 Dim = Literal["tp", "dp", "pp"]
@@ -42,19 +43,21 @@ class Coords(NamedTuple):
 class JobTopology:
     """TP/PP/DP sizes, rank order and machine layout of one training job."""
 
-    job: str
+    job: str = field(metadata=NAME)
     tp: int = field(default=1, metadata=bounds(1, 1 << 20))
     pp: int = field(default=1, metadata=bounds(1, 1 << 20))
     dp: int = field(default=1, metadata=bounds(1, 1 << 20))
     ranks_per_machine: int = field(default=8, metadata=bounds(1, 1 << 12))
-    order: str = "tp-dp-pp"
+    order: str = field(default="tp-dp-pp", metadata=bounds(max_len=8))
     #: node name of machine index i; empty means machines are known by index only.
-    machines: list[str] = field(default_factory=list)
+    machines: list[str] = field(default_factory=list, metadata=NAMES)
 
     def __post_init__(self) -> None:
         dims = self.order.split("-")
         if sorted(dims) != sorted(DIMS):
             raise ValueError(f"order {self.order!r} must be a permutation of tp, dp, pp (e.g. 'tp-dp-pp')")
+        if self.world_size > MAX_RANK + 1:
+            raise ValueError(f"tp * pp * dp = {self.world_size} ranks exceeds {MAX_RANK + 1}")
         if self.machines and len(self.machines) != self.num_machines:
             raise ValueError(
                 f"machines lists {len(self.machines)} names but the job spans {self.num_machines} machines"

@@ -7,7 +7,21 @@ which is what ends up in a dead-letter record or a config error message.
 
 Supported annotations: ``int``, ``float``, ``str``, ``bool``, ``X | None``, ``list[X]``,
 ``tuple[X, ...]``, ``dict[str, X]``, ``Any`` (any JSON value), ``enum.Enum`` subclasses and
-nested dataclasses.  Numeric ranges come from field metadata: ``field(metadata=bounds(0, 100))``.
+nested dataclasses.  Limits come from field metadata, ``field(metadata=bounds(...))``, and apply
+to every value *inside* the field, at any level of its lists and dicts (a nested dataclass has its
+own fields' metadata):
+
+* ``lo``/``hi`` -- inclusive range of every number (``ranks: list[int]``: of each rank);
+* ``allow_nan`` -- NaN/Inf accepted in floats (rejected otherwise);
+* ``max_len`` -- characters of every string, dict keys included;
+* ``max_items`` -- items of every list and dict.
+
+Inside an ``Any`` value (free-form JSON) only strings and containers are checked: its numbers are
+whatever JSON holds, NaN and Infinity included.
+
+Strings never hold a lone surrogate (``"\\ud800"`` is valid JSON, but such a string cannot be
+encoded to UTF-8: not for Kafka, not for ClickHouse), in typed fields and inside ``Any`` values.
+Error messages show values shortened and escaped, so a reason is always short, printable text.
 """
 
 from __future__ import annotations
@@ -15,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
+import reprlib
 import types
 import typing
 from functools import cache
@@ -31,10 +47,96 @@ class SchemaError(ValueError):
 
 
 def bounds(
-    lo: float | None = None, hi: float | None = None, *, allow_nan: bool = False, max_len: int | None = None
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    allow_nan: bool = False,
+    max_len: int | None = None,
+    max_items: int | None = None,
 ) -> dict[str, Any]:
-    """Field metadata for range checks: inclusive ``lo``/``hi``; NaN/Inf only if ``allow_nan``."""
-    return {"lo": lo, "hi": hi, "allow_nan": allow_nan, "max_len": max_len}
+    """Field metadata for range checks: inclusive ``lo``/``hi`` of every number in the field,
+    NaN/Inf only if ``allow_nan``, at most ``max_len`` characters per string and ``max_items``
+    items per list or dict."""
+    return {"lo": lo, "hi": hi, "allow_nan": allow_nan, "max_len": max_len, "max_items": max_items}
+
+
+#: a lone (unpaired) surrogate code point: representable in a Python str, not in UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 4
+_REPR.maxlevel = 2
+
+
+def show(value: Any) -> str:
+    """A short, printable ``repr`` of ``value`` for error messages (never a lone surrogate)."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a repr that raises (an int too long for str()) must not hide the error
+        return f"<{type(value).__name__}>"
+
+
+def _check_text(value: str, meta: dict[str, Any], path: str, what: str = "string") -> None:
+    max_len = meta.get("max_len")
+    if max_len is not None and len(value) > max_len:
+        raise SchemaError(path, f"{what} of {len(value)} characters exceeds {max_len}")
+    bad = _SURROGATE.search(value)
+    if bad is not None:
+        raise SchemaError(
+            path, f"{what} holds a lone surrogate U+{ord(bad[0]):04X} at character {bad.start()}"
+        )
+
+
+def _check_size(value: list[Any] | tuple[Any, ...] | dict[Any, Any], meta: dict[str, Any], path: str) -> None:
+    max_items = meta.get("max_items")
+    if max_items is not None and len(value) > max_items:
+        raise SchemaError(path, f"{len(value)} items exceed the maximum {max_items}")
+
+
+def show_text(text: str, limit: int = 1000) -> str:
+    """``text`` cut to ``limit`` characters, lone surrogates escaped (safe in any UTF-8 reason)."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return cut.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_PLAIN_KEY = re.compile(r"[\w./:@-]{1,60}")
+
+
+def _key_path(path: str, key: str) -> str:
+    """``path.key``; a long or odd key (spaces, quotes, control characters) is shown as ``path['...']``."""
+    return _join(path, key) if _PLAIN_KEY.fullmatch(key) else f"{path}[{show(key)}]"
+
+
+def _item_path(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return _key_path(path, key) if isinstance(key, str) else f"{path}[{show(key)}]"
+
+
+def _check_json(value: Any, meta: dict[str, Any], path: str) -> None:
+    """Every string (keys too) and container inside an ``Any`` value, walked without recursion
+    (the depth of a decoded document is bounded by the codec, that of a config file by YAML)."""
+    max_len = meta.get("max_len")
+
+    def bad(text: str) -> bool:
+        return (max_len is not None and len(text) > max_len) or _SURROGATE.search(text) is not None
+
+    if isinstance(value, str):
+        _check_text(value, meta, path)
+    todo = [(value, path)] if isinstance(value, dict | list | tuple) else []
+    while todo:
+        container, where = todo.pop()
+        _check_size(container, meta, where)
+        items = container.items() if isinstance(container, dict) else enumerate(container)
+        for k, item in items:
+            if isinstance(k, str) and bad(k):
+                _check_text(k, meta, where, "object key")
+            if isinstance(item, str):
+                if bad(item):
+                    _check_text(item, meta, _item_path(where, k))
+            elif isinstance(item, dict | list | tuple):
+                todo.append((item, _item_path(where, k)))
 
 
 @cache
@@ -53,9 +155,23 @@ def _check_number(value: float, meta: dict[str, Any], path: str) -> None:
         return
     lo, hi = meta.get("lo"), meta.get("hi")
     if lo is not None and value < lo:
-        raise SchemaError(path, f"{value!r} is below the minimum {lo!r}")
+        raise SchemaError(path, f"{show(value)} is below the minimum {lo!r}")
     if hi is not None and value > hi:
-        raise SchemaError(path, f"{value!r} is above the maximum {hi!r}")
+        raise SchemaError(path, f"{show(value)} is above the maximum {hi!r}")
+
+
+def _all_valid(items: list[Any] | tuple[Any, ...], item_tp: Any, meta: dict[str, Any]) -> bool:
+    """Fast path for long lists of ints or strings (every rank of a job): whether every item is
+    valid as is.  False sends the caller to the item-by-item check, which names the bad one."""
+    if item_tp is int and all(type(v) is int for v in items):
+        lo, hi = meta.get("lo"), meta.get("hi")
+        return not items or ((lo is None or min(items) >= lo) and (hi is None or max(items) <= hi))
+    if item_tp is str and all(type(v) is str for v in items):
+        max_len = meta.get("max_len")
+        if max_len is not None and items and max(map(len, items)) > max_len:
+            return False
+        return _SURROGATE.search("".join(items)) is None
+    return False
 
 
 def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = None) -> Any:
@@ -63,6 +179,7 @@ def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = N
     meta = meta or {}
     origin = typing.get_origin(tp)
     if tp is Any:
+        _check_json(value, meta, path)
         return value
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -85,43 +202,49 @@ def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = N
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
-                raise SchemaError(path, f"expected an integer, got {type(value).__name__} {value!r:.40}")
+                raise SchemaError(path, f"expected an integer, got {type(value).__name__} {show(value)}")
         _check_number(value, meta, path)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SchemaError(path, f"expected a number, got {type(value).__name__} {value!r:.40}")
-        value = float(value)
+            raise SchemaError(path, f"expected a number, got {type(value).__name__} {show(value)}")
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond the float range (JSON allows 4300 digits)
+            raise SchemaError(path, f"{show(value)} is out of the float range") from None
         _check_number(value, meta, path)
         return value
     if tp is str:
         if not isinstance(value, str):
             raise SchemaError(path, f"expected a string, got {type(value).__name__}")
-        max_len = meta.get("max_len")
-        if max_len is not None and len(value) > max_len:
-            raise SchemaError(path, f"string of {len(value)} characters exceeds {max_len}")
+        _check_text(value, meta, path)
         return value
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(value)
-        except ValueError:
+        except (ValueError, TypeError):
             allowed = ", ".join(str(m.value) for m in tp)
-            raise SchemaError(path, f"{value!r} is not one of: {allowed}") from None
+            raise SchemaError(path, f"{show(value)} is not one of: {allowed}") from None
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
             raise SchemaError(path, f"expected a list, got {type(value).__name__}")
+        _check_size(value, meta, path)
         (item_tp, *_rest) = typing.get_args(tp)
+        if _all_valid(value, item_tp, meta):
+            return tuple(value) if origin is tuple else list(value)
         items = [convert(v, item_tp, f"{path}[{i}]", meta) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
             raise SchemaError(path, f"expected an object, got {type(value).__name__}")
+        _check_size(value, meta, path)
         _key_tp, val_tp = typing.get_args(tp)  # keys are JSON object keys: always str
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise SchemaError(path, f"object key {k!r} is not a string")
-            out[k] = convert(v, val_tp, _join(path, k), meta)
+                raise SchemaError(path, f"object key {show(k)} is not a string")
+            _check_text(k, meta, path, "object key")
+            out[k] = convert(v, val_tp, _key_path(path, k), meta)
         return out
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return from_mapping(tp, value, path)
@@ -137,9 +260,10 @@ def from_mapping(cls: type[T], data: Any, path: str = "", ignore: frozenset[str]
         raise SchemaError(path, f"expected an object, got {type(data).__name__}")
     hints = _hints(cls)  # type: ignore[arg-type]  # classes are hashable; mypy cannot see it for type[T]
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields) - ignore)
+    unknown = sorted(k if isinstance(k, str) else repr(k) for k in set(data) - set(fields) - ignore)
     if unknown:
-        raise SchemaError(path, f"unknown field(s) {', '.join(map(repr, unknown))}")
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise SchemaError(path, f"unknown field(s) {', '.join(map(show, unknown[:5]))}{more}")
     kwargs = {}
     for name, f in fields.items():
         if not f.init:
@@ -154,8 +278,11 @@ def from_mapping(cls: type[T], data: Any, path: str = "", ignore: frozenset[str]
     except (ValueError, TypeError) as exc:  # __post_init__ cross-field checks
         if isinstance(exc, SchemaError):
             raise SchemaError(_join(path, exc.path) if exc.path else path, exc.reason) from None
-        raise SchemaError(path, str(exc)) from None
+        raise SchemaError(path, show_text(str(exc))) from None
     return obj
+
+
+_PLAIN = frozenset({int, float, str, bool, type(None)})
 
 
 def to_plain(value: Any) -> Any:
@@ -165,6 +292,8 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, list | tuple):
+        if all(type(v) in _PLAIN for v in value):  # fast path: a long list of numbers or names
+            return list(value)
         return [to_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: to_plain(v) for k, v in value.items()}

@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 
 from schemas.base import Event, register
 from schemas.enums import ProcessRole
+from schemas.limits import I64, NAME, PID, RANK, RANK_OR_NONE, TS_MS, U64
 from schemas.typecheck import bounds
 
-_NAME = bounds(max_len=256)
-_MS = bounds(0, 2**62)
-_RANK = bounds(-1, 10_000_000)  # -1: not tied to a rank (e.g. kernel log of the node)
-_PID = bounds(0, 2**31 - 1)
+#: most threads, frames per thread and processes in one dump; py-spy prints one frame per Python
+#: (and with ``--native`` native) call, so even a deep recursion fits, and the record size limit
+#: of the stacks topic (8 MiB) is reached long before these are.
+MAX_THREADS = 65_536
+MAX_FRAMES = 65_536
+MAX_PROCESSES = 65_536
 
 
 @register
@@ -25,11 +28,11 @@ class TrainingStep(Event):
     """One optimizer step of one rank (training reporter)."""
 
     TYPE = "training_step"
-    job: str = field(metadata=_NAME)
-    rank: int = field(metadata=bounds(0, 10_000_000))
+    job: str = field(metadata=NAME)
+    rank: int = field(metadata=RANK)
     step: int = field(metadata=bounds(0, 2**62))
-    ts_ms: int = field(metadata=_MS)
-    node: str = field(default="", metadata=_NAME)
+    ts_ms: int = field(metadata=TS_MS)
+    node: str = field(default="", metadata=NAME)
     loss: float | None = field(default=None, metadata=bounds(allow_nan=True))
     grad_norm: float | None = field(default=None, metadata=bounds(0, None, allow_nan=True))
     step_time_s: float | None = field(default=None, metadata=bounds(0, 1e7))
@@ -46,14 +49,14 @@ class LogLine(Event):
     """One line of a kernel log or of a training process's stdout/stderr."""
 
     TYPE = "log_line"
-    node: str = field(metadata=_NAME)
-    ts_ms: int = field(metadata=_MS)
-    source: str = field(metadata=_NAME)  # kernel / stdout / stderr / file path
+    node: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
+    source: str = field(metadata=NAME)  # kernel / stdout / stderr / file path
     line: str = field(metadata=bounds(max_len=65_536))
     #: position in the source (byte offset or line number) -- with node+source, the dedup key.
-    seq: int = field(default=0, metadata=bounds(0, 2**63 - 1))
-    job: str = field(default="", metadata=_NAME)
-    rank: int = field(default=-1, metadata=_RANK)
+    seq: int = field(default=0, metadata=I64)
+    job: str = field(default="", metadata=NAME)
+    rank: int = field(default=-1, metadata=RANK_OR_NONE)
 
 
 @register
@@ -62,11 +65,11 @@ class ProcessExit(Event):
     """A training process (or one of its children) ended."""
 
     TYPE = "process_exit"
-    node: str = field(metadata=_NAME)
-    ts_ms: int = field(metadata=_MS)
-    pid: int = field(metadata=_PID)
-    job: str = field(default="", metadata=_NAME)
-    rank: int = field(default=-1, metadata=_RANK)
+    node: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
+    pid: int = field(metadata=PID)
+    job: str = field(default="", metadata=NAME)
+    rank: int = field(default=-1, metadata=RANK_OR_NONE)
     role: ProcessRole = ProcessRole.MAIN
     exit_code: int | None = field(default=None, metadata=bounds(-255, 255))
     signal: int | None = field(default=None, metadata=bounds(0, 128))
@@ -90,19 +93,19 @@ class Frame:
 class ThreadStack:
     """Frames innermost first, as py-spy prints them."""
 
-    thread_id: int = field(default=0, metadata=bounds(0, 2**64 - 1))
+    thread_id: int = field(default=0, metadata=U64)
     name: str = field(default="", metadata=bounds(max_len=1024))
     active: bool = True
     owns_gil: bool = False
-    frames: list[Frame] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list, metadata=bounds(max_items=MAX_FRAMES))
 
 
 @dataclass(frozen=True)
 class ProcessInfo:
     """One process in a rank's process tree."""
 
-    pid: int = field(metadata=_PID)
-    ppid: int = field(default=0, metadata=_PID)
+    pid: int = field(metadata=PID)
+    ppid: int = field(default=0, metadata=PID)
     role: ProcessRole = ProcessRole.OTHER
     cmdline: str = field(default="", metadata=bounds(max_len=8192))
     state: str = field(default="", metadata=bounds(max_len=16))  # /proc/PID/stat state letter
@@ -114,17 +117,17 @@ class StackDump(Event):
     """py-spy stacks of one process of a rank, captured for ``capture_id`` (on-demand tracer)."""
 
     TYPE = "stack_dump"
-    job: str = field(metadata=_NAME)
-    node: str = field(metadata=_NAME)
-    rank: int = field(metadata=_RANK)
-    pid: int = field(metadata=_PID)
-    capture_id: str = field(metadata=_NAME)
-    ts_ms: int = field(metadata=_MS)
+    job: str = field(metadata=NAME)
+    node: str = field(metadata=NAME)
+    rank: int = field(metadata=RANK_OR_NONE)
+    pid: int = field(metadata=PID)
+    capture_id: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
     role: ProcessRole = ProcessRole.MAIN
     round: int = field(default=0, metadata=bounds(0, 10_000))
-    threads: list[ThreadStack] = field(default_factory=list)
+    threads: list[ThreadStack] = field(default_factory=list, metadata=bounds(max_items=MAX_THREADS))
     #: the process tree the dump belongs to (the rank's main process and its children).
-    process_tree: list[ProcessInfo] = field(default_factory=list)
+    process_tree: list[ProcessInfo] = field(default_factory=list, metadata=bounds(max_items=MAX_PROCESSES))
     #: py-spy's text output, kept for humans and postmortems.
     raw_text: str = field(default="", metadata=bounds(max_len=1_048_576))
     #: set when py-spy failed (process gone, permission): a missing stack is evidence too.

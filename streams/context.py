@@ -6,6 +6,11 @@ schema event or dead-letters it (with topic, partition, offset, key and the reas
 :meth:`WorkerContext.guard` wraps one event's processing so an exception dead-letters that event
 instead of killing the agent, and :meth:`WorkerContext.follow` reads a whole topic on every
 worker (what every worker must know, such as job specs).
+
+No record stops an agent or a reader: each is handled in its own ``try``, and one that fails
+(to decode, or later in its handling) is dead-lettered -- stage ``worker:<agent>`` --, logged
+once at ERROR with its coordinates, counted in ``trainguard_dead_letters_total{agent}``, and
+the consumer moves past it.  Only the broker being away is retried (:class:`Backoff`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.backoff import Backoff
-from infra.bus import dead_letter_for
+from infra.bus import coordinates, dead_letter_for, error_text, trace_of
 from infra.config import Settings
 from schemas.base import Event
 from schemas.codec import DecodeError, decode, encode
@@ -83,18 +88,34 @@ class WorkerContext:
         topic = BY_NAME.get(msg.topic)
         try:
             return decode(event.value, expect=topic.event if topic else None)
-        except DecodeError as exc:
+        except Exception as exc:  # DecodeError, or any other decoder failure: the record's fault
             if not self.cfg.sink_enabled:
-                await self.dead_letter(msg, str(exc), agent, "decode")
+                reason = str(exc) if isinstance(exc, DecodeError) else f"undecodable: {error_text(exc)}"
+                await self.dead_letter(msg, reason, agent, "decode")
             return None
 
     async def dead_letter(self, msg: Any, reason: str, agent: str, stage: str) -> None:
+        """Publish a dead letter for ``msg`` (a Faust message or a consumer record) and count it.
+
+        Never raises: the record is skipped either way (its coordinates are in the log)."""
         if msg.topic == DEAD_LETTERS.name:
             log.error("garbage on the dead-letter topic itself at offset %s: %s", msg.offset, reason)
             return
-        dl = dead_letter_for(msg, f"[{agent}] {reason}", stage)  # Faust messages read like records
         self.metrics.dead_letters.labels(agent).inc()
-        await self.emit(dl)
+        try:
+            dl = dead_letter_for(msg, f"[{agent}] {reason}", stage)  # Faust messages read like records
+            await self.emit(dl)
+        except Exception as exc:
+            log.error("%s: could not publish the dead letter for %s: %s", agent, coordinates(msg), exc)
+
+    async def reject(self, msg: Any, agent: str, exc: BaseException, stage: str = "") -> None:
+        """A record whose handling failed: logged once at ERROR (with its coordinates and the
+        traceback), dead-lettered at ``stage`` (default ``worker:<agent>``), counted."""
+        stage = stage or f"worker:{agent}"
+        log.error(
+            "%s: dead-lettering %s: %s", stage, coordinates(msg), error_text(exc), exc_info=trace_of(exc)
+        )
+        await self.dead_letter(msg, error_text(exc), agent, stage)
 
     async def emit(self, ev: Event, topic: Topic | None = None) -> None:
         t = topic or topic_for(ev)
@@ -109,9 +130,22 @@ class WorkerContext:
         try:
             await body(ev)
         except Exception as exc:  # one poisoned event must never stop the agent
-            log.exception("agent %s failed on %s@%s", agent, event.message.topic, event.message.offset)
-            await self.dead_letter(event.message, f"{type(exc).__name__}: {exc}", agent, "process")
+            await self.reject(event.message, agent, exc)
         self.metrics.processed(agent)
+
+    async def handle_followed(self, rec: Any, handle: Callable[[bytes | None], None], name: str) -> None:
+        """One record of a followed topic: ``handle`` it; if it raises, the record is bad (it would
+        fail again after any restart): dead-letter it at ``worker:<name>`` and go on.  A
+        :class:`DecodeError` is garbage, logged here with its coordinates and dead-lettered by
+        the sink (which reads every topic) or, without a sink, here at stage ``decode``."""
+        try:
+            handle(rec.value)
+        except DecodeError as exc:
+            log.error("%s: skipping undecodable %s: %s", name, coordinates(rec), exc)
+            if not self.cfg.sink_enabled:
+                await self.dead_letter(rec, str(exc), name, "decode")
+        except Exception as exc:
+            await self.reject(rec, name, exc)
 
     def follow(self, topic: Topic, handle: Callable[[bytes | None], None], name: str) -> None:
         """Run ``handle`` on every record of ``topic`` on this worker, from the start of the topic.
@@ -119,6 +153,8 @@ class WorkerContext:
         Not group-consumed: each worker reads every partition itself (no offsets committed), so
         what the topic says reaches every worker, whichever partitions its agents own.  If the
         broker goes away the reader starts over after a pause (``handle`` must be idempotent).
+        A record ``handle`` raises on is dead-lettered (stage ``worker:<name>``) and passed: it is
+        the record's fault, never a reason to start over (the same record would fail again).
         How far it got is the ``trainguard_follow_offset`` gauge (per partition, the offset of the
         next record to read: a record has been handled once the gauge has passed its offset).
         """
@@ -138,7 +174,7 @@ class WorkerContext:
                     batches = await consumer.getmany(timeout_ms=1000)
                     for tp, records in batches.items():
                         for rec in records:
-                            handle(rec.value)
+                            await self.handle_followed(rec, handle, name)
                         if records:
                             followed.labels(topic.name, str(tp.partition)).set(records[-1].offset + 1)
             finally:

@@ -8,12 +8,28 @@ clickhouse-connect 1.6.0 is handled here once:
   read from ``system.columns`` and cached per table;
 * HTTP compression is gzip (18.16 rejects lz4/zstd request bodies);
 * parameters are bound client-side (``%(name)s``), never server-side ``{x:Type}``.
+
+Every failure is a :class:`StoreError`; one of an insert says whether it is worth retrying
+(:func:`insert_error_is_retryable`): ClickHouse away, busy or misconfigured -- retry the same
+rows later -- or the rows themselves refused (a value out of its column's range, unparsable) --
+retrying them can never succeed, so the sink isolates and dead-letters them instead.
+
+Deduplication of inserts: ClickHouse's ``insert_deduplicate`` only applies to ``Replicated*``
+tables (18.16: block checksums kept in ZooKeeper), and ``insert_deduplication_token`` (22.2+) on a
+plain MergeTree needs the table setting ``non_replicated_deduplication_window``, which 18.16 does
+not have.  Neither applies to our non-replicated tables on 18.16, and neither could catch a
+redelivery anyway: the sink's batches are cut differently when records are read again (and split
+when one is bisected), so a block's checksum or a per-batch token never repeats.  Duplicates are
+collapsed by the ``ReplacingMergeTree`` tables instead, keyed by each event's natural key (read
+with ``FINAL``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+import struct
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from importlib import resources
@@ -28,7 +44,146 @@ _COMMENT = re.compile(r"^\s*--.*$", re.MULTILINE)
 
 
 class StoreError(RuntimeError):
-    """ClickHouse is unreachable or rejected a statement (the message says which)."""
+    """ClickHouse is unreachable or rejected a statement (the message says which).
+
+    ``retryable``: the same statement may succeed later (the server is down, busy, out of memory,
+    or the schema is not migrated yet); false when the data itself is refused, so retrying it is
+    pointless (only inserts say so).  ``code``: ClickHouse's error code when known.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True, code: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.code = code
+
+
+# -- what a failed insert means -------------------------------------------------------------------
+
+#: ClickHouse error codes that refuse the inserted *rows*: the same rows fail every time, other rows
+#: of the batch would go in.  Every other code is retryable: the server away or busy (209
+#: SOCKET_TIMEOUT, 210 NETWORK_ERROR, 241 MEMORY_LIMIT_EXCEEDED, 252 TOO_MANY_PARTS, 202
+#: TOO_MANY_SIMULTANEOUS_QUERIES, 159 TIMEOUT_EXCEEDED, 242 TABLE_IS_READ_ONLY, 319
+#: UNKNOWN_STATUS_OF_INSERT, ...), or a schema or access problem that is no row's fault (60
+#: UNKNOWN_TABLE, 16 NO_SUCH_COLUMN_IN_TABLE, 81 UNKNOWN_DATABASE, 516 AUTHENTICATION_FAILED,
+#: 164 READONLY, ...): dead-lettering every row until someone runs the migrations would be worse
+#: than waiting for them.  An unknown code waits too: a stall shows in the metrics, a wrongly
+#: dead-lettered batch would not.
+ROW_REJECT_CODES: dict[int, str] = {
+    6: "CANNOT_PARSE_TEXT",
+    25: "CANNOT_PARSE_ESCAPE_SEQUENCE",
+    26: "CANNOT_PARSE_QUOTED_STRING",
+    27: "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+    38: "CANNOT_PARSE_DATE",
+    41: "CANNOT_PARSE_DATETIME",
+    43: "ILLEGAL_TYPE_OF_ARGUMENT",
+    53: "TYPE_MISMATCH",
+    69: "ARGUMENT_OUT_OF_BOUND",
+    70: "CANNOT_CONVERT_TYPE",
+    72: "CANNOT_PARSE_NUMBER",
+    117: "INCORRECT_DATA",
+    128: "TOO_LARGE_ARRAY_SIZE",
+    130: "CANNOT_READ_ARRAY_FROM_TEXT",
+    131: "TOO_LARGE_STRING_SIZE",
+    190: "SIZES_OF_ARRAYS_DOESNT_MATCH",
+    321: "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
+    349: "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN",
+    376: "CANNOT_PARSE_UUID",
+    395: "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO",
+    467: "CANNOT_PARSE_BOOL",
+    469: "VIOLATED_CONSTRAINT",
+    691: "UNKNOWN_ELEMENT_OF_ENUM",
+}
+
+#: Messages that refuse a batch for its *shape*, under a code that is otherwise retryable: rows
+#: spread over too many partitions (code 252, as "too many parts").  Smaller batches go in, so
+#: they are treated as row rejects: the sink's bisection splits the batch until they do.
+BATCH_REJECT_MESSAGES = ("Too many partitions for single INSERT block",)
+
+#: Python exceptions raised while the client serializes the rows (a value out of its column's
+#: range, a lone surrogate in a string, a string in an Int32 column): the row's fault.
+_SERIALIZATION_ERRORS: tuple[type[BaseException], ...] = (
+    ArithmeticError,
+    ValueError,  # UnicodeEncodeError too
+    TypeError,
+    LookupError,
+    AttributeError,
+    struct.error,
+)
+
+_CODE = re.compile(r"\bCode: (\d+)")
+
+
+def error_code(exc: BaseException) -> int | None:
+    """ClickHouse's error code of ``exc``: clickhouse-connect's ``code`` (from the
+    ``X-ClickHouse-Exception-Code`` header, or chDB), else ``Code: N`` in the server's text (18.16
+    sends no such header)."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
+    m = _CODE.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def insert_error_is_retryable(exc: BaseException) -> bool:
+    """Whether an insert that raised ``exc`` may succeed if tried again with the same rows.
+
+    False for a refusal of the data: a ClickHouse code of :data:`ROW_REJECT_CODES`, a message of
+    :data:`BATCH_REJECT_MESSAGES`, or the client failing to serialize a value (clickhouse-connect's
+    ``DataError`` without a server code, or the Python error it re-raises).  True for everything
+    else: connection refused or reset, timeouts, HTTP 429/502/503/504, memory or part limits,
+    schema and access errors, codes not listed.
+    """
+    if isinstance(exc, StoreError):
+        return exc.retryable
+    from clickhouse_connect.driver import exceptions as ch
+
+    if isinstance(exc, ch.OperationalError):  # transport failures, retried 429/503/504 responses
+        return True
+    if isinstance(exc, ch.ClickHouseError):
+        text = str(exc)
+        if any(m in text for m in BATCH_REJECT_MESSAGES):
+            return False
+        code = error_code(exc)
+        if code is not None:
+            return code not in ROW_REJECT_CODES
+        return not isinstance(exc, ch.DataError)  # DataError without a code: a value it cannot write
+    if isinstance(exc, OSError):  # ConnectionError, TimeoutError, a chDB temp file on a full disk
+        return True
+    return not isinstance(exc, _SERIALIZATION_ERRORS)
+
+
+def describe_error(exc: BaseException, depth: int = 3) -> str:
+    """``exc``'s text with the exceptions that caused it (clickhouse-connect's "Unable to create
+    native array for column `ranks`: error" says why only in its cause)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    if isinstance(exc, ClickHouseError | StoreError):
+        own = str(exc)
+    else:
+        kind, name = type(exc), type(exc).__qualname__
+        own = f"{name if kind.__module__ == 'builtins' else f'{kind.__module__}.{name}'}: {exc}"
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is not None and depth > 1:
+        more = describe_error(cause, depth - 1)
+        if more and str(cause) not in own:
+            own = f"{own} (caused by {more})"
+    return own
+
+
+class _DemoteSerializationErrors(logging.Filter):
+    """clickhouse-connect logs a value it cannot serialize with a traceback at ERROR, then raises
+    it; :meth:`ClickHouseStore.insert_rows` raises it again as a :class:`StoreError` with the cause,
+    and the sink bisects a batch around such a row (two failed inserts per halving), so the log
+    line becomes DEBUG here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Error serializing column"):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+logging.getLogger("clickhouse_connect.driver.transform").addFilter(_DemoteSerializationErrors())
 
 
 @dataclass(frozen=True)
@@ -121,6 +276,13 @@ class ClickHouseStore:
             self._client.close()
         self._client = None
 
+    def reset(self) -> None:
+        """After a failure: reconnect on next use and reread the tables' columns (a migration may
+        have run meanwhile).  A chDB session is process-wide and kept."""
+        self._columns.clear()
+        if not self.cfg.dsn:
+            self.close()
+
     def ping(self) -> bool:
         try:
             return bool(self.query("SELECT 1")[0][0] == 1)
@@ -204,11 +366,19 @@ class ClickHouseStore:
         missing = set(names) - set(rows[0])
         if missing:
             raise StoreError(f"rows for {table} lack columns {sorted(missing)}")
-        data = [[row[n] for n in names] for row in rows]
         try:
-            self.client.insert(table, data, column_names=names, column_type_names=types)
+            data = [[row[n] for n in names] for row in rows]
+        except KeyError as exc:  # rows of one table always have the same columns: a mapper bug
+            raise StoreError(f"rows for {table} lack column {exc}") from exc
+        client = self.client  # connecting may fail: a retryable StoreError of its own
+        try:
+            client.insert(table, data, column_names=names, column_type_names=types)
         except Exception as exc:
-            raise StoreError(f"insert into {table} failed: {exc}") from exc
+            raise StoreError(
+                f"insert into {table} failed: {describe_error(exc)}",
+                retryable=insert_error_is_retryable(exc),
+                code=error_code(exc),
+            ) from exc
         return len(rows)
 
     def insert_events(self, events: list[Event]) -> dict[str, int]:

@@ -5,7 +5,10 @@ optionally ``"app_id"`` to address one worker group; without it every worker app
 new worker config is validated as a whole (unknown paths and out-of-range values are rejected
 and logged) and pushed to the live detectors.  Every worker must apply every change, so this is
 not a group-consumed agent: each worker reads the whole control topic itself, from the start, so
-a worker started later folds in all earlier changes too.
+a worker started later folds in all earlier changes too.  A command that cannot be applied (an
+unknown path, a value the config rejects, or one that makes the config or the detectors raise)
+is dead-lettered at stage ``worker:control`` by the reader and the worker keeps its last good
+config; the commands after it are applied as usual.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from schemas.codec import DecodeError, decode
+from infra.bus import RejectedRecord
+from schemas.codec import decode
 from schemas.config import ConfigError, load_config
 from schemas.control import Command, CommandKind
 from schemas.topics import CONTROL
@@ -23,6 +27,10 @@ from streams.config import WorkerConfig
 from streams.context import WorkerContext
 
 log = logging.getLogger(__name__)
+
+
+class RejectedCommand(RejectedRecord):
+    """A control command addressed to this worker that cannot be applied."""
 
 
 def apply_change(cfg: WorkerConfig, path: str, value: Any) -> WorkerConfig:
@@ -42,11 +50,9 @@ def apply_change(cfg: WorkerConfig, path: str, value: Any) -> WorkerConfig:
 
 def register(ctx: WorkerContext, on_change: Callable[[WorkerConfig], None]) -> None:
     def handle(raw: bytes | None) -> None:
-        try:
-            cmd = decode(raw, expect=Command)
-        except DecodeError as exc:
-            log.error("ignoring invalid control record: %s", exc)
-            return
+        # Raising is the reader's business: garbage (DecodeError) is logged with its coordinates
+        # and left to the sink, anything else dead-lettered at worker:control.
+        cmd = decode(raw, expect=Command)
         if not isinstance(cmd, Command) or cmd.kind is not CommandKind.SET_THRESHOLD:
             return
         target = cmd.args.get("app_id")
@@ -54,11 +60,10 @@ def register(ctx: WorkerContext, on_change: Callable[[WorkerConfig], None]) -> N
             return  # meant for another worker group
         try:
             new = apply_change(ctx.cfg, str(cmd.args.get("path", "")), cmd.args.get("value"))
-        except ConfigError as exc:
-            log.error("rejected control command %s: %s", cmd.command_id, exc)
-            return
+        except ConfigError as exc:  # raised to the reader, which dead-letters it (logged there)
+            raise RejectedCommand(f"rejected control command {cmd.command_id}: {exc}") from exc
+        on_change(new)  # raising: dead-lettered by the reader, ctx.cfg keeps the last good config
         ctx.cfg = new
-        on_change(new)
         log.info("applied %s = %r (command %s)", cmd.args.get("path"), cmd.args.get("value"), cmd.command_id)
 
     # Every change on every worker, from the start of the topic (re-applying them in order after a

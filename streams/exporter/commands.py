@@ -6,7 +6,12 @@ process N times, S seconds apart -- one round for a hang, several for fail-slow,
 of its own consumer group (``trainguard-exporter.<node>``), so it sees every partition and keeps
 its offsets across restarts; commands for other nodes or jobs, and commands older than
 ``max_age_s`` (a restart must not replay yesterday's capture), are skipped.  A bad command is
-logged and counted in the heartbeat, never fatal.
+logged and counted in the heartbeat, never fatal: each record is handled in its own ``try``; one
+addressed to this node whose handling raises (malformed arguments, a bug) is dead-lettered at
+stage ``exporter:command`` and the listener commits past it.  Undecodable records are only
+logged and counted here (every exporter reads every command; the workers' sink dead-letters
+garbage once).  Only the broker being away makes the listener reconnect (with a backoff) and
+read again from its committed offsets.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from infra.bus import decode_record
+from infra.backoff import Backoff
+from infra.bus import EventProducer, coordinates, decode_record, poisoned
 from infra.config import KafkaConfig
 from schemas.base import now_ms
 from schemas.control import Command, DeadLetter
 from schemas.telemetry import SourceHealth
-from schemas.topics import COMMANDS
+from schemas.topics import COMMANDS, DEAD_LETTERS
 from streams.exporter.config import CommandsConfig
 
 log = logging.getLogger(__name__)
@@ -89,8 +95,15 @@ def interval_args(args: dict[str, Any]) -> tuple[str, float]:
     return source, _number(args, "interval_s", None, 0.01, 86_400)
 
 
+#: the stage of the dead letters for commands this exporter failed to handle.
+STAGE = "exporter:command"
+
+
 class CommandListener:
-    """A thread consuming commands for this node and handing them to ``handle``."""
+    """A thread consuming commands for this node and handing them to ``handle``.
+
+    ``dead_letter`` publishes the dead letter of a command whose handling failed (default: to
+    the dead-letter topic through a producer of the listener's own, opened on first use)."""
 
     def __init__(
         self,
@@ -99,13 +112,18 @@ class CommandListener:
         job: str,
         cfg: CommandsConfig,
         handle: Callable[[Command], None],
+        dead_letter: Callable[[DeadLetter], None] | None = None,
     ) -> None:
         self.kafka, self.node, self.job, self.cfg, self.handle = kafka, node, job, cfg, handle
+        self._publish_dead_letter = dead_letter
+        self._producer: EventProducer | None = None
         #: set once the consumer owns its partitions and knows where it starts reading.
         self.ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.handled = 0
+        #: commands dead-lettered (handling failed) since the start.
+        self.dead_lettered = 0
         self.errors = 0
         self.last_error = ""
         self.last_ok_ms = 0
@@ -127,11 +145,17 @@ class CommandListener:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout_s=2.0)
+            except Exception as exc:
+                log.debug("closing the dead-letter producer: %s", exc)
+            self._producer = None
 
-    def _fail(self, text: str) -> None:
+    def _fail(self, text: str, error: bool = False) -> None:
         self.errors += 1
         self.last_error = text
-        log.warning("commands: %s", text)
+        log.log(logging.ERROR if error else logging.WARNING, "commands: %s", text)
 
     def _consumer(self) -> Any:
         from kafka import KafkaConsumer
@@ -142,14 +166,15 @@ class CommandListener:
             group_id=f"trainguard-exporter.{self.node}",
             # A node's first start reads from now on; later starts resume at their offsets.
             auto_offset_reset="latest",
-            enable_auto_commit=True,
-            auto_commit_interval_ms=1000,
+            # Committed after each batch is handled (dead-lettered records included).
+            enable_auto_commit=False,
             session_timeout_ms=10_000,
             heartbeat_interval_ms=2_000,
         )
 
     def _run(self) -> None:
         consumer: Any = None
+        backoff = Backoff(initial_s=1.0, max_s=30.0, jitter=0.5)
         while not self._stop.is_set():
             try:
                 if consumer is None:
@@ -160,9 +185,12 @@ class CommandListener:
                         consumer.position(tp)  # resolves "latest" now, before we say ready
                     self.ready.set()
                     self.last_ok_ms = now_ms()
-                for records in batches.values():
-                    for rec in records:
-                        self._dispatch(rec)
+                records = [rec for recs in batches.values() for rec in recs]
+                for rec in records:
+                    self.dispatch(rec)  # never raises: a bad record is dead-lettered
+                if records:
+                    consumer.commit()  # past every record of the batch, the bad ones included
+                backoff.reset()
             except Exception as exc:  # broker away, group errors: reconnect after a pause
                 self._fail(f"{type(exc).__name__}: {exc}")
                 if consumer is not None:
@@ -172,27 +200,46 @@ class CommandListener:
                         log.debug("closing command consumer: %s", close_exc)
                     consumer = None
                 self.ready.clear()
-                self._stop.wait(2.0)
+                self._stop.wait(backoff.next_delay())
         if consumer is not None:
             consumer.close()
+
+    def dispatch(self, rec: Any) -> None:
+        """Handle one consumed record; never raises (a failure is dead-lettered, see module doc)."""
+        try:
+            self._dispatch(rec)
+        except Exception as exc:
+            self._reject(rec, exc)
 
     def _dispatch(self, rec: Any) -> None:
         cmd = decode_record(rec)
         if isinstance(cmd, DeadLetter):
-            self._fail(f"undecodable command at offset {rec.offset}: {cmd.reason}")
+            self._fail(f"undecodable command at {coordinates(rec)}: {cmd.reason}", error=True)
             return
         if not isinstance(cmd, Command):
-            self._fail(f"not a command: {cmd.TYPE}")
+            self._fail(f"not a command at {coordinates(rec)}: {cmd.TYPE}", error=True)
             return
         why = skip_reason(cmd, self.node, self.job, now_ms(), self.cfg.max_age_s)
         if why:
             log.debug("command %s skipped: %s", cmd.command_id, why)
             return
-        try:
-            self.handle(cmd)
-        except ValueError as exc:
-            self._fail(f"command {cmd.command_id} ({cmd.kind}) rejected: {exc}")
-            return
+        self.handle(cmd)  # raising (ValueError: malformed): dead-lettered by dispatch
         self.handled += 1
         self.last_ok_ms = now_ms()
         self.last_error = ""
+
+    def _reject(self, rec: Any, exc: Exception) -> None:
+        dl = poisoned(rec, STAGE, exc, log)
+        self.dead_lettered += 1
+        self.errors += 1
+        self.last_error = f"command at {coordinates(rec)} dead-lettered: {type(exc).__name__}: {exc}"
+        try:
+            if self._publish_dead_letter is not None:
+                self._publish_dead_letter(dl)
+            else:
+                if self._producer is None:
+                    self._producer = EventProducer(self.kafka, linger_ms=0)
+                self._producer.send(dl, DEAD_LETTERS)
+                self._producer.flush(5.0)
+        except Exception as pub_exc:  # logged above with its coordinates; skipped either way
+            log.warning("commands: could not publish the dead letter for %s: %s", coordinates(rec), pub_exc)

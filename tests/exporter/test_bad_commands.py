@@ -1,0 +1,147 @@
+"""The exporter's command listener moves past bad commands.
+
+Fast tests drive :class:`CommandListener` with a stand-in consumer; the slow one sends a poison
+command and a valid one through the real broker to a real listener.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from infra.bus import EventProducer
+from infra.config import KafkaConfig, Settings
+from schemas.base import now_ms
+from schemas.codec import encode
+from schemas.control import Command, CommandKind, DeadLetter
+from schemas.topics import COMMANDS, DEAD_LETTERS
+from streams.exporter.commands import STAGE, CommandListener
+from streams.exporter.config import CommandsConfig
+from tests.streams.harness import Watcher
+from tests.waiting import wait_until
+
+NODE = "node-bad"
+
+
+def command(cid: str, kind: CommandKind = CommandKind.SET_INTERVAL, node: str = NODE) -> Command:
+    return Command(
+        command_id=cid, ts_ms=now_ms(), kind=kind, node=node, args={"source": "host", "interval_s": 1}
+    )
+
+
+def record(value: bytes, offset: int) -> Any:
+    return SimpleNamespace(topic=COMMANDS.name, partition=1, offset=offset, key=NODE.encode(), value=value)
+
+
+class Recorder:
+    """The listener's ``handle`` (poison: raises) and ``dead_letter`` callbacks."""
+
+    def __init__(self) -> None:
+        self.handled: list[str] = []
+        self.dead: list[DeadLetter] = []
+
+    def handle(self, cmd: Command) -> None:
+        if cmd.command_id.startswith("poison"):
+            raise RuntimeError(f"cannot handle {cmd.command_id}")
+        if cmd.command_id.startswith("malformed"):
+            raise ValueError("interval_s outside [0.01, 86400]")
+        self.handled.append(cmd.command_id)
+
+    def listener(self, kafka: KafkaConfig | None = None, node: str = NODE) -> CommandListener:
+        return CommandListener(
+            kafka or KafkaConfig(), node, "", CommandsConfig(), self.handle, dead_letter=self.dead.append
+        )
+
+
+def test_a_command_whose_handling_fails_is_dead_lettered_and_the_next_handled() -> None:
+    r = Recorder()
+    listener = r.listener()
+    for i, raw in enumerate(
+        [encode(command("poison-1")), b"\xffgarbage", encode(command("malformed-1")), encode(command("ok-1"))]
+    ):
+        listener.dispatch(record(raw, i))  # never raises
+    assert r.handled == ["ok-1"]
+    assert [(d.stage, d.offset, d.partition) for d in r.dead] == [(STAGE, 0, 1), (STAGE, 2, 1)]
+    assert "RuntimeError: cannot handle poison-1" in r.dead[0].reason
+    # garbage is counted and logged, not published by every exporter (the sink dead-letters it)
+    assert (listener.dead_lettered, listener.errors, listener.handled) == (2, 3, 1)
+    assert listener.last_error == ""  # the last command went through
+
+
+class FakeConsumer:
+    """One batch of records, then nothing; commits remembered."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records, self.commits, self.closed = records, 0, False
+
+    def poll(self, timeout_ms: int = 0) -> dict[Any, list[Any]]:
+        if self.records:
+            recs, self.records = self.records, []
+            return {("commands", 1): recs}
+        time.sleep(0.02)
+        return {}
+
+    def assignment(self) -> set[Any]:
+        return {("commands", 1)}
+
+    def position(self, tp: Any) -> int:
+        return 0
+
+    def commit(self) -> None:
+        self.commits += 1
+
+    def close(self, autocommit: bool = True) -> None:
+        self.closed = True
+
+
+def test_the_listener_commits_past_a_bad_command_and_reconnects_when_the_broker_is_away() -> None:
+    r = Recorder()
+    consumer = FakeConsumer([record(encode(command("poison-2")), 5), record(encode(command("ok-2")), 6)])
+    attempts: list[int] = []
+
+    class Listener(CommandListener):
+        def _consumer(self) -> Any:
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise ConnectionError("broker away")
+            return consumer
+
+    listener = Listener(KafkaConfig(), NODE, "", CommandsConfig(), r.handle, dead_letter=r.dead.append)
+    listener.start()
+    try:
+        wait_until(lambda: r.handled == ["ok-2"], 15, lambda: f"ok-2 handled (handled {r.handled})")
+        assert consumer.commits >= 1 and [d.offset for d in r.dead] == [5]
+        assert len(attempts) == 2  # the broker away: one reconnect, after a backoff
+    finally:
+        listener.stop()
+    assert isinstance(listener._thread, threading.Thread) and not listener._thread.is_alive()
+
+
+@pytest.mark.slow
+def test_a_poison_command_on_the_real_broker_is_dead_lettered_and_the_next_one_handled(
+    stack_settings: Settings,
+) -> None:
+    node = f"bad-{uuid.uuid4().hex[:8]}"
+    r = Recorder()
+    listener = CommandListener(stack_settings.kafka, node, "", CommandsConfig(), r.handle)  # own producer
+    dead = Watcher(stack_settings, DEAD_LETTERS)
+    listener.start()
+    try:
+        assert listener.ready.wait(60), "command consumer never got its partitions"
+        producer = EventProducer(stack_settings.kafka)
+        for c in (command("poison-3", node=node), command("ok-3", node=node)):
+            producer.send(c, COMMANDS).get(timeout=30)
+        producer.close()
+        wait_until(lambda: r.handled == ["ok-3"], 30, lambda: f"ok-3 handled (handled {r.handled})")
+        dl = dead.wait_for(lambda e: isinstance(e, DeadLetter) and e.key == node, 30)
+        assert isinstance(dl, DeadLetter) and dl.stage == STAGE and dl.topic == COMMANDS.name
+        assert "poison-3" in dl.payload and dl.offset >= 0
+        assert listener.dead_lettered == 1 and listener.ready.is_set()
+    finally:
+        listener.stop()
+        dead.close()
