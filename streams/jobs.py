@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 
 from detectors.routing import INPUTS, JOB_SPECS, newer_spec
@@ -29,13 +30,17 @@ log = logging.getLogger(__name__)
 class JobDirectory:
     def __init__(self, cfg: ClickHouseConfig, ttl_s: float = 30.0) -> None:
         self.store = ClickHouseStore(cfg)
+        # Lookups run in executor threads and one ClickHouse session takes one query at a time
+        # ("Attempt to execute concurrent queries within the same session").
+        self._store_lock = threading.Lock()
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, JobSpec | None]] = {}
 
     def _load(self, job: str) -> JobSpec | None:
-        rows = self.store.query(
-            "SELECT argMax(spec_json, ts_ms) FROM job_specs WHERE job = %(j)s GROUP BY job", {"j": job}
-        )
+        with self._store_lock:
+            rows = self.store.query(
+                "SELECT argMax(spec_json, ts_ms) FROM job_specs WHERE job = %(j)s GROUP BY job", {"j": job}
+            )
         if not rows:
             return None
         try:

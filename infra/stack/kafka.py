@@ -155,8 +155,8 @@ class KafkaServer:
             f"{libs}/*",
             "kafka.tools.StorageTool",
             "format",
-            "-t",
-            cluster_id,
+            # One argument: a base64 id may start with "-", which argparse takes for an option.
+            f"--cluster-id={cluster_id}",
             "-c",
             str(self.props_file),
         ]

@@ -73,14 +73,20 @@ class WorkerProcess:
                 raise RuntimeError(f"worker exited with {proc.returncode}:\n{self.log_tail()}")
             return self.healthz() is not None
 
-        wait_until(
-            serving,
-            timeout_s,
-            lambda: f"worker {self.app_id} to serve /healthz on port {self.web_port}:\n{self.log_tail()}",
-            interval_s=0.3,
-        )
-        if self.settings is not None:
-            self._wait_until_consuming(self.settings, deadline - time.monotonic())
+        try:
+            wait_until(
+                serving,
+                timeout_s,
+                lambda: f"worker {self.app_id} to serve /healthz on port {self.web_port}:\n{self.log_tail()}",
+                interval_s=0.3,
+            )
+            if self.settings is not None:
+                self._wait_until_consuming(self.settings, deadline - time.monotonic())
+        except BaseException:
+            # A worker that never became ready must not outlive the test: left running, it reads
+            # the shared topics and doubles the decisions every later test counts.
+            self.kill()
+            raise
         return self
 
     def _wait_until_consuming(self, settings: Settings, timeout_s: float) -> None:
