@@ -25,6 +25,18 @@ class StepPolicy:
     backoff_max_s: float = field(default=30.0, metadata=bounds(0, 86_400))
     #: each executor call gets this deadline; executors must honour it (threads cannot be killed).
     timeout_s: float = field(default=600.0, metadata=bounds(0.1, 86_400))
+    #: a TemporaryError is retried while both ``retries`` and this wall-clock budget (seconds
+    #: since the step's first attempt in this run) last; then the step has failed for good.
+    budget_s: float = field(default=60.0, metadata=bounds(0, 30 * 86_400))
+
+
+#: Step kinds whose temporary failures take longer than a default step's to clear.  A standby's
+#: start (its pool forked, its self-check passed) takes tens of seconds on a loaded machine, so
+#: swapping waits up to three minutes before the recovery escalates.  ``ActionsConfig.steps``
+#: overrides these per kind.
+DEFAULT_STEP_POLICIES: dict[str, StepPolicy] = {
+    "swap_standbys": StepPolicy(retries=100, backoff_s=2.0, backoff_max_s=10.0, budget_s=180.0),
+}
 
 
 @dataclass(frozen=True)
@@ -93,4 +105,8 @@ class ActionsConfig:
         return tuple(self.diagnostics)
 
     def policy(self, kind: str) -> StepPolicy:
-        return self.steps.get(kind, self.step)
+        """The retry policy of a step kind: ``steps[kind]``, else the built-in default for the
+        kind (:data:`DEFAULT_STEP_POLICIES`), else ``step``."""
+        if kind in self.steps:
+            return self.steps[kind]
+        return DEFAULT_STEP_POLICIES.get(kind, self.step)

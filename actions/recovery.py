@@ -129,7 +129,7 @@ class RecoveryRunner:
                     return self._hold(rec, reason, step.key)
             error = self._run_step(rec, step, results)
             if error:
-                return self._fail(rec, f"step {step.key} failed: {error}")
+                return self._step_failed(rec, step, error)
             rec = self.store.get(decision_id) or rec
         return rec
 
@@ -250,8 +250,24 @@ class RecoveryRunner:
         log.error("recovery %s of job %s failed: %s", rec.decision_id, rec.job, error)
         return self._end(rec, RecoveryState.FAILED, error)
 
-    def _hold(self, rec: Recovery, reason: str, step: str) -> Recovery:
-        log.warning("recovery %s of job %s held for an operator: %s", rec.decision_id, rec.job, reason)
+    def _step_failed(self, rec: Recovery, step: Step, error: str) -> Recovery:
+        """A step failed for good (a permanent error, or its retries and budget spent).
+
+        The job is stopped or half-recovered at this point, so ending the recovery as "failed"
+        would leave it silently dead.  It is held instead, with an ERROR line and a ``held``
+        action event that say what an operator must provide; ``trainguard actions release``
+        then runs the step again (``cancel`` gives the job up)."""
+        needed = _NEEDED.get(step.kind, "fix the cause named in the error")
+        policy = self.cfg.policy(step.kind.value)
+        reason = (
+            f"step {step.key} failed for good ({error}); needed: {needed}; then run "
+            f"`trainguard actions release {rec.decision_id}` to run the step again"
+            f" (retries {policy.retries}, budget {policy.budget_s:g} s per run of the step)"
+        )
+        return self._hold(rec, reason, step.key, level=logging.ERROR)
+
+    def _hold(self, rec: Recovery, reason: str, step: str, level: int = logging.WARNING) -> Recovery:
+        log.log(level, "recovery %s of job %s held for an operator: %s", rec.decision_id, rec.job, reason)
         rec = self.store.transition(rec.decision_id, RecoveryState.HELD, held_reason=reason, held_step=step)
         self._emit(rec, step if step != "plan" else "recovery", ActionPhase.HELD, detail=reason)
         return rec
@@ -276,7 +292,7 @@ class RecoveryRunner:
         policy = self.cfg.policy(step.kind.value)
         spec = self._spec_now(rec, results)
         backoff = Backoff(initial_s=policy.backoff_s, max_s=policy.backoff_max_s)
-        tries = 0
+        tries, first_ms = 0, self.clock()
         while True:
             tries += 1
             attempt = self.store.step_started(rec.decision_id, step.key, self.clock())
@@ -294,7 +310,8 @@ class RecoveryRunner:
                 retry = False
             except Exception as exc:  # TemporaryError, or an executor bug: retried, bounded
                 error = f"{type(exc).__name__}: {exc}"
-                retry = tries <= policy.retries and not self.stop.is_set()
+                spent = (self.clock() - first_ms) / 1000
+                retry = tries <= policy.retries and spent < policy.budget_s and not self.stop.is_set()
                 if isinstance(exc, TemporaryError) and exc.delay is not None:
                     # The executor knows when to come back; later waits double from there.
                     delay = exc.delay
@@ -411,6 +428,22 @@ def _describe(step: Step, result: dict[str, Any]) -> str:
         return f"provisioned {result.get('provisioned', [])}"
     return ""
 
+
+#: what an operator must provide when a step of this kind failed for good (the held reason).
+_NEEDED: dict[StepKind, str] = {
+    StepKind.STOP: "stop the job's processes by hand (the executor could not)",
+    StepKind.DIAGNOSE: "a working stop-time test environment on the machines, or cancel and evict by hand",
+    StepKind.REPLAY_HORIZONTAL: "machines to run the replay groups on",
+    StepKind.REPLAY_VERTICAL: "machines to run the replay groups on",
+    StepKind.EVICT: "evict (cordon and drain) the named machines by hand",
+    StepKind.SWAP_STANDBYS: (
+        "ready standby machines for the evicted ones (start them, or add healthy machines to "
+        "the job's standby pool)"
+    ),
+    StepKind.HOT_UPDATE: "a code version the executor can switch to",
+    StepKind.RESTART: "the job restarted on healthy machines (the scheduler refused or failed)",
+    StepKind.QUEUE_UPDATE: "a writable action-service state store",
+}
 
 #: a crash reported up to this long before a recovery started is covered by that recovery's restart.
 _STALE_GRACE_MS = 30_000

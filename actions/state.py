@@ -70,7 +70,17 @@ TRANSITIONS: dict[RecoveryState, frozenset[RecoveryState]] = {
     S.REPLENISHING: frozenset({S.SUCCEEDED}),
     # Released by an operator: the recovery continues where it was held (any step may hold).
     S.HELD: frozenset(
-        {S.STOPPING, S.DIAGNOSING, S.REPLAYING, S.EVICTING, S.UPDATING, S.RESTARTING, S.CANCELLED, S.FAILED}
+        {
+            S.STOPPING,
+            S.DIAGNOSING,
+            S.REPLAYING,
+            S.EVICTING,
+            S.SWAPPING,
+            S.UPDATING,
+            S.RESTARTING,
+            S.CANCELLED,
+            S.FAILED,
+        }
     ),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from detectors.detections import detection_from_finding
 from detectors.findings import Finding
 from detectors.log_classifier import classify_exit
+from detectors.stopped_job import RecoveryStatus, StoppedConfig, StoppedJobDetector
 from detectors.training import (
     MfuConfig,
     MfuDeclineDetector,
@@ -47,6 +48,7 @@ class MonitorConfig:
     stall: StallConfig = field(default_factory=StallConfig)
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     mfu: MfuConfig = field(default_factory=MfuConfig)
+    stopped: StoppedConfig = field(default_factory=StoppedConfig)
 
 
 class JobMonitor:
@@ -59,6 +61,7 @@ class JobMonitor:
         self.stall = StepStallDetector(self.config.stall, job=job)
         self.straggler = StragglerDetector(self.config.straggler, job=job)
         self.mfu = MfuDeclineDetector(self.config.mfu, job=job)
+        self.stopped = StoppedJobDetector(self.config.stopped, job=job)
         self.node_of: dict[int, str] = {}
         self.alive: dict[int, bool] = {}
         #: the step at which the last hang was reported: one report per stall, not one per check.
@@ -70,6 +73,7 @@ class JobMonitor:
         self.alive[e.rank] = True
         ts = e.ts_ms / 1000
         self.stall.update(e.rank, e.step, ts)
+        self.stopped.update(e.rank, e.step, ts)
         self._last_step_ts_ms = max(self._last_step_ts_ms, e.ts_ms)
         if e.step_time_s is not None:
             self.straggler.observe(e.rank, e.step_time_s, ts)
@@ -84,6 +88,8 @@ class JobMonitor:
     def on_exit(self, e: ProcessExit, now_ms: int) -> list[Detection]:
         if e.role is ProcessRole.MAIN and e.rank >= 0:
             self.alive[e.rank] = False
+            code = -e.signal if e.signal else e.exit_code
+            self.stopped.on_exit(e.rank, 1 if code is None else code)
         c = classify_exit(e.exit_code, e.signal, e.traceback or None)
         finding = c.to_finding(job=self.job, node=e.node)
         if finding is None:
@@ -92,8 +98,12 @@ class JobMonitor:
             finding = _with(finding, ranks=(e.rank,), node=e.node)
         return [self._det(finding, e.ts_ms, now_ms, ("exit", e.node, e.pid))]
 
-    def check(self, now_ms: int, stream_now_ms: int | None = None) -> list[Detection]:
-        """Time-based findings: a stall (reported once per stalled step) and stragglers.
+    def check(
+        self, now_ms: int, stream_now_ms: int | None = None, recoveries: RecoveryStatus | None = None
+    ) -> list[Detection]:
+        """Time-based findings: a stall (reported once per stalled step), stragglers, and a stopped
+        job (judged against ``recoveries``, what the action service says of the job; without it
+        the job is taken to have no recovery at work).
 
         ``stream_now_ms`` is how far the input stream has got (:class:`~detectors.windows.
         StreamClock`): progress is judged against it, so a consumer that lags does not take
@@ -108,6 +118,10 @@ class JobMonitor:
                 self._hang_reported_at_step = max_step
                 # Keyed by the stalled step: re-checking the same stall yields the same id.
                 out.append(self._det(hang, self._last_step_ts_ms, now_ms, ("hang", max_step)))
+        stopped = self.stopped.check(stream_now, recoveries or RecoveryStatus())
+        if stopped is not None:
+            quiet_ms = int((stream_now - float(stopped.score or 0)) * 1000)
+            out.append(self._det(stopped, quiet_ms, now_ms, ("stopped", quiet_ms)))
         slow = self.straggler.check(now)
         if slow is not None:
             bucket = now_ms // 60_000 * 60_000  # at most one straggler detection a minute

@@ -50,7 +50,7 @@ from detectors.routing import (
 from schemas.base import Event
 from schemas.codec import DecodeError, decode
 from schemas.config import load_config
-from schemas.control import Decision, Detection, JobSpec
+from schemas.control import ActionEvent, Decision, Detection, JobSpec
 from schemas.topics import BY_NAME
 from schemas.topology import JobTopology
 from schemas.typecheck import bounds
@@ -119,6 +119,9 @@ class OfflinePipeline:
         self.advance(ts_ms)
         if isinstance(ev, Detection):
             return  # recorded detections: this pipeline makes its own
+        if isinstance(ev, ActionEvent):  # what the action service did: the stopped-job context
+            self.path.on_action(ev)
+            return
         self._publish(ev, self._now if self._now is not None else ts_ms)
 
     def remember(self, dec: Decision) -> None:

@@ -11,7 +11,9 @@ stage          input topics                         what it does
 inspection     GPU, NIC and host samples, log lines rule table with count/window thresholds
 anomaly        GPU samples                          per-node anomaly score -> ``info`` detection
 training       steps, exits                         one job monitor per job (exits need a job);
-                                                    stall/straggler checks on a timer
+                                                    stall/straggler/stopped-job checks on a timer,
+                                                    the last against the action events (every
+                                                    worker follows them: :meth:`on_action`)
 decide         detections                           decision policy; a node-less eviction is
                                                     localised with the job's topology
 aggregation    decisions, stack dumps               an ``aggregate`` decision opens a stack capture
@@ -39,8 +41,9 @@ from detectors.decide import DecideConfig, DecisionPolicy
 from detectors.job_monitor import JobMonitor, MonitorConfig
 from detectors.node_anomaly import NodeAnomalyScorer
 from detectors.node_inspector import HostThresholds, NodeInspector
+from detectors.stopped_job import RecoveryStatus
 from schemas.base import Event
-from schemas.control import Decision, Detection, JobSpec
+from schemas.control import ActionEvent, Decision, Detection, JobSpec
 from schemas.enums import Action
 from schemas.telemetry import GpuSampleBatch
 from schemas.topics import (
@@ -133,6 +136,9 @@ class DetectionPath:
         self.inspector = NodeInspector(host=config.host)
         self.anomaly = NodeAnomalyScorer()
         self.monitors: dict[str, JobMonitor] = {}
+        #: job -> what the action service says of its recoveries (kept when a monitor is dropped:
+        #: the action events reach every worker).
+        self.recoveries: dict[str, RecoveryStatus] = {}
         self.policy = DecisionPolicy(config.decide)
         self.captures = Captures(config.aggregation)
 
@@ -146,6 +152,7 @@ class DetectionPath:
             m.config = config.monitor
             m.spike.config, m.stall.config = m.config.spike, m.config.stall
             m.straggler.config, m.mfu.config = m.config.straggler, m.config.mfu
+            m.stopped.config = m.config.stopped
 
     # -- inspection, anomaly, training: telemetry -> detections ---------------------------------
 
@@ -183,8 +190,13 @@ class DetectionPath:
             if keep is not None and not keep(job):
                 del self.monitors[job]
                 continue
-            out.extend(self.monitors[job].check(now_ms, stream_now_ms))
+            out.extend(self.monitors[job].check(now_ms, stream_now_ms, self.recoveries.get(job)))
         return out
+
+    def on_action(self, ev: ActionEvent) -> None:
+        """Record what the action service did for a job (the stopped-job detector's context)."""
+        status = self.recoveries.setdefault(ev.job, RecoveryStatus())
+        status.observe(ev.decision_id, ev.step, ev.phase.value, ev.ts_ms / 1000)
 
     # -- decide: detections -> decisions --------------------------------------------------------
 

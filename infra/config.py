@@ -25,6 +25,8 @@ _PORT = bounds(1, 65535)
 T = TypeVar("T")
 #: the Python Kafka clients TrainGuard uses (kafka-python; aiokafka, also under Faust).
 KafkaClient = Literal["kafka-python", "aiokafka"]
+#: ClickHouseConfig's TLS file options (each must exist when a client is created).
+_CH_TLS_FILES = ("ca_file", "cert_file", "key_file")
 
 
 @dataclass(frozen=True)
@@ -102,14 +104,89 @@ class ClickHouseConfig:
     database: str = "trainguard"
     username: str = "default"
     password: str = ""
+    #: HTTPS instead of HTTP; the TLS options below need it (set without it they are an error).
     secure: bool = False
+    #: PEM bundle of the CA(s) that signed the server certificate; unset: the system trust store;
+    #: ``certifi``: the public roots of the certifi package.
+    ca_file: str | None = None
+    #: client certificate and its private key (PEM), for servers that require mutual TLS; set both
+    #: or neither.  They prove the connection, not the user: username/password are still sent.
+    cert_file: str | None = None
+    key_file: str | None = None
+    #: check the server certificate (CA and host name); false only for a throwaway test server.
+    verify: bool = True
     connect_timeout_s: float = field(default=5.0, metadata=bounds(0.1, 600))
     #: a clickhouse-connect DSN overriding host/port, e.g. ``chdb:///path`` for in-process tests.
     dsn: str | None = None
 
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            given, missing = ("cert_file", "key_file") if self.cert_file else ("key_file", "cert_file")
+            raise ValueError(
+                f"{given} is set but {missing} is not: a client certificate needs its private key "
+                "(set both cert_file and key_file, or neither)"
+            )
+        tls = [name for name in _CH_TLS_FILES if getattr(self, name)]
+        if not self.verify:
+            tls.append("verify=false")
+        if tls and not self.secure:
+            raise ValueError(
+                f"TLS option(s) {', '.join(tls)} set without secure: true; they apply to HTTPS only "
+                "(set secure: true, or remove them)"
+            )
+        if self.secure and self.dsn and self.dsn.startswith("chdb"):
+            raise ValueError("secure/TLS options do not apply to a chdb DSN (in-process ClickHouse)")
+
     @property
     def url(self) -> str:
         return self.dsn or f"{'https' if self.secure else 'http'}://{self.host}:{self.port}"
+
+    def client_kwargs(self, database: str | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``clickhouse_connect.get_client``, the one place connection and
+        TLS settings are translated.
+
+        ``database`` overrides :attr:`database` (``""``: the user's default one, e.g. to create
+        ours).  A TLS file that is not there is a :class:`ConfigError` naming its field, raised
+        here, i.e. when the client is created, not when the settings are loaded.  A client
+        certificate secures the connection only (``tls_mode="strict"``): the user is still the
+        configured username/password, not the certificate's subject.
+        """
+        db = self.database if database is None else database
+        kw: dict[str, Any]
+        if self.dsn:
+            kw = {"dsn": self.dsn, "database": db}
+        else:
+            kw = {
+                "host": self.host,
+                "port": self.port,
+                "username": self.username,
+                "password": self.password,
+                "secure": self.secure,  # explicit: else clickhouse-connect guesses from the port
+                "database": db,
+                "connect_timeout": self.connect_timeout_s,
+                "compress": "gzip",
+            }
+        if not self.secure:
+            return kw
+        files = {name: self._tls_file(name) for name in _CH_TLS_FILES if getattr(self, name)}
+        kw.update(secure=True, verify=self.verify)
+        if self.verify and "ca_file" in files:
+            kw["ca_cert"] = files["ca_file"]
+        if "cert_file" in files:
+            kw.update(client_cert=files["cert_file"], client_cert_key=files["key_file"], tls_mode="strict")
+        return kw
+
+    def _tls_file(self, name: str) -> str:
+        value = str(getattr(self, name))
+        if name == "ca_file" and value == "certifi":
+            return value
+        path = Path(value).expanduser()
+        if not path.is_file():
+            why = "is not a file" if path.exists() else "does not exist"
+            raise ConfigError(f"clickhouse.{name}: {path} {why}")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"clickhouse.{name}: {path} is not readable")
+        return str(path)
 
 
 @dataclass(frozen=True)

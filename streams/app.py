@@ -54,6 +54,9 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
         broker=broker,
         broker_credentials=credentials,
         store="memory://",
+        # Faust keeps its table and leader state in ``datadir``; its default (``<app_id>-data``
+        # in the working directory) littered whatever directory a worker was started from.
+        datadir=str(settings.stack.home_path / "worker" / f"{cfg.app_id}-data"),
         autodiscover=False,
         # Topics come from the registry and are created by `stack up`; Faust creates only its
         # own internal topics.

@@ -67,6 +67,10 @@ def demo(
     print_timeline(summary)
     if summary_json:
         Path(summary_json).write_text(json.dumps(summary, indent=2))
+    missed = [i["fault"] for i in summary["incidents"] if not i["recovered"]]
+    if missed:
+        click.echo(f"NOT RECOVERED: {', '.join(missed)}", err=True)
+        ctx.exit(1)
 
 
 @click.command()

@@ -79,9 +79,8 @@ def build_summary(
     """
     incidents = []
     for index, injection in enumerate(injected):
-        t_next = (
-            int(injected[index + 1]["injected_at"] * 1000) if index + 1 < len(injected) else _END_OF_TIME_MS
-        )
+        later = (int(i["injected_at"] * 1000) for i in injected[index + 1 :] if not i.get("skipped"))
+        t_next = next(later, _END_OF_TIME_MS)
         incidents.append(_incident(store, job, injection, t_next))
     job_ettr = ettr(store, job)
     summary: dict[str, Any] = {
@@ -108,6 +107,19 @@ def build_summary(
 
 def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_next: int) -> dict[str, Any]:
     """One incident's timeline: what happened between its injection and ``t_next``."""
+    if injection.get("skipped"):
+        return {
+            "fault": injection["fault"],
+            "machine": injection["machine"],
+            "injected_at": None,
+            "detected_s": None,
+            "localised_s": None,
+            "decided_s": None,
+            "recovered_s": None,
+            "action": "not injected (demo budget spent)",
+            "recovered": False,
+            "phases": {},
+        }
     t_ms = int(injection["injected_at"] * 1000)
     detected_ms = _first_ts(
         store,
@@ -150,7 +162,45 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "recovered_s": since_injection(recovered_ms),
         "action": action or ("tolerated" if detected_ms and not acting else None),
         "recovered": injection["progressed"] and not failed,
+        "phases": _phases(store, t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, succeeded),
     }
+
+
+def _phases(
+    store: ClickHouseStore,
+    t_ms: int,
+    detected_ms: int | None,
+    localised_ms: int | None,
+    decided_ms: int | None,
+    recovered_ms: int | None,
+    succeeded: list[Any],
+) -> dict[str, Any]:
+    """Where the incident's time went, in seconds: detect (injection -> first detection),
+    localise (-> first decision naming machines), decide (-> the acting decision), each recovery
+    step as the action service timed it, and the first step (the restart's end -> the first
+    training step after it)."""
+
+    def span(start: int | None, end: int | None) -> float | None:
+        return None if start is None or end is None else round(max(0, end - start) / 1000, 2)
+
+    out: dict[str, Any] = {
+        "detect": span(t_ms, detected_ms),
+        "localise": span(detected_ms, localised_ms) if localised_ms else None,
+        "decide": span(localised_ms or detected_ms, decided_ms),
+        "steps": {},
+        "first_step": None,
+    }
+    if not succeeded:
+        return out
+    rows = store.query(
+        "SELECT step, sum(duration_ms), max(ts_ms) FROM action_events FINAL WHERE has(%(ids)s, decision_id) "
+        "AND phase = 'succeeded' AND step != 'recovery' GROUP BY step",
+        {"ids": [rec.decision_id for rec in succeeded]},
+    )
+    out["steps"] = {str(step): round(float(ms) / 1000, 2) for step, ms, _ in rows}
+    restart_end = max((int(end) for step, _, end in rows if step == "restart"), default=None)
+    out["first_step"] = span(restart_end, recovered_ms)
+    return out
 
 
 def _first_ts(

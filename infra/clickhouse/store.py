@@ -226,6 +226,20 @@ ENGINE = ReplacingMergeTree()
 ORDER BY version"""
 
 
+def _tls_hint(exc: BaseException) -> str:
+    """What to change when the HTTPS handshake failed on a certificate."""
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            " -- the server certificate failed verification (a CA not trusted here, or a host name "
+            "it does not cover): set clickhouse.ca_file to the CA that signed it, connect by a name "
+            "in the certificate, or (test servers only) set clickhouse.verify: false"
+        )
+    if "CERTIFICATE_REQUIRED" in text:
+        return " -- the server requires a client certificate: set clickhouse.cert_file and key_file"
+    return ""
+
+
 class ClickHouseStore:
     """A connection to the TrainGuard database plus the operations the project needs."""
 
@@ -238,21 +252,12 @@ class ClickHouseStore:
     def _connect(self, database: str | None) -> Any:
         import clickhouse_connect
 
+        kwargs = self.cfg.client_kwargs(database or "")  # a missing TLS file: ConfigError, as is
         try:
-            if self.cfg.dsn:
-                return clickhouse_connect.get_client(dsn=self.cfg.dsn, database=database or "")
-            return clickhouse_connect.get_client(
-                host=self.cfg.host,
-                port=self.cfg.port,
-                username=self.cfg.username,
-                password=self.cfg.password,
-                secure=self.cfg.secure,
-                database=database or "",
-                connect_timeout=self.cfg.connect_timeout_s,
-                compress="gzip",
-            )
+            return clickhouse_connect.get_client(**kwargs)
         except Exception as exc:  # clickhouse-connect raises several unrelated types here
-            raise StoreError(f"cannot connect to ClickHouse at {self.cfg.url}: {exc}") from exc
+            msg = f"cannot connect to ClickHouse at {self.cfg.url}: {exc}{_tls_hint(exc)}"
+            raise StoreError(msg) from exc
 
     @property
     def client(self) -> Any:

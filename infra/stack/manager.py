@@ -86,7 +86,9 @@ class Stack:
         """Endpoints and health of both servers (embedded or external)."""
         s = self.settings
         kafka_ok = broker_reachable(s.kafka, timeout_s=3.0)
-        ch_ok = ClickHouseStore(s.clickhouse).ping() if s.clickhouse.dsn else ping(s.clickhouse.url)
+        # Over TLS the client's CA, certificate and verification settings apply: ask the store.
+        direct = s.clickhouse.dsn or s.clickhouse.secure
+        ch_ok = ClickHouseStore(s.clickhouse).ping() if direct else ping(s.clickhouse.url)
         out: dict[str, Any] = {
             "kafka": {"bootstrap_servers": s.kafka.bootstrap_servers, "healthy": kafka_ok},
             "clickhouse": {"url": s.clickhouse.url, "database": s.clickhouse.database, "healthy": ch_ok},

@@ -1,9 +1,12 @@
-"""Training agent: step telemetry and process exits -> NaN/spike, exit, stall and straggler detections.
+"""Training agent: step telemetry and process exits -> NaN/spike, exit, stall, straggler and
+stopped-job detections.
 
 Steps and exits are keyed by job, so a job's monitor lives on one worker.  A timer asks every
 monitor of a job this worker currently owns for time-based findings (stall = hang suspicion,
-stragglers), so a hang is noticed from missing progress, not from an NCCL timeout.  Monitors of
-jobs whose partition moved to another worker are dropped (that worker now watches the job).
+stragglers, a stopped job), so a hang is noticed from missing progress, not from an NCCL timeout.
+The action service's events are followed by every worker: a job is "stopped" only while no
+recovery works on it and none is held.  Monitors of jobs whose partition moved to another worker
+are dropped (that worker now watches the job).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from typing import Any
 from detectors.routing import INPUTS, TRAINING, DetectionPath
 from detectors.windows import StreamClock
 from schemas.base import Event, now_ms
-from schemas.topics import STEPS
+from schemas.codec import decode
+from schemas.control import ActionEvent
+from schemas.topics import ACTIONS, STEPS
 from schemas.workload import TrainingStep
 from streams.context import WorkerContext
 
@@ -55,6 +60,16 @@ def register(ctx: WorkerContext, path: DetectionPath) -> None:
             if event.message.topic == STEPS.name and isinstance(event.key, bytes):
                 ownership.partition[event.key.decode(errors="replace")] = event.message.partition
             await ctx.guard(event, NAME, body)
+
+    def on_action(raw: bytes | None) -> None:
+        # Every worker reads every action event: the stopped-job check must know which jobs a
+        # recovery is working on, whichever worker owns the job's steps.  Garbage raises
+        # DecodeError, which the reader logs and passes.
+        ev = decode(raw, expect=ActionEvent)
+        if isinstance(ev, ActionEvent):
+            path.on_action(ev)
+
+    ctx.follow(ACTIONS, on_action, "actions")
 
     @ctx.app.timer(ctx.cfg.check_interval_s)
     async def check_jobs() -> None:

@@ -143,6 +143,9 @@ class StacksConfig:
 class DeliveryConfig:
     spool_max_bytes: int = field(default=256 * 1024 * 1024, metadata=bounds(4096, 2**50))
     spool_segment_bytes: int = field(default=1024 * 1024, metadata=bounds(1024, 2**40))
+    #: seconds between fsyncs of the open spool segment (sealed ones always are); what a node
+    #: crash can lose.  0 = fsync inside every append: nothing is lost, at a disk flush per record.
+    spool_fsync_interval_s: float = field(default=1.0, metadata=bounds(0, 3600))
     linger_ms: int = field(default=50, metadata=bounds(0, 60_000))
     #: a record not acknowledged within this time is re-sent from the spool.
     delivery_timeout_ms: int = field(default=30_000, metadata=bounds(1000, 3_600_000))

@@ -31,7 +31,10 @@ class ExporterService:
     def __init__(self, cfg: ExporterConfig, kafka: KafkaConfig, *, nvml: Any = None) -> None:
         self.cfg = cfg
         state = Path(cfg.state_dir)
-        self.spool = Spool(state / "spool", cfg.delivery.spool_max_bytes, cfg.delivery.spool_segment_bytes)
+        d = cfg.delivery
+        self.spool = Spool(
+            state / "spool", d.spool_max_bytes, d.spool_segment_bytes, d.spool_fsync_interval_s
+        )
         self.delivery = Delivery(kafka, self.spool, cfg.delivery)
         self.stacks = StackCapturer(
             cfg.stacks,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from actions.config import StepPolicy
 from actions.executors.dry_run import DryRunConfig
 from actions.state import RecoveryState
 from schemas.base import Event, now_ms
@@ -211,17 +212,53 @@ def test_diagnose_all_pass_reattempts_and_transient_errors_are_retried(start_ser
     assert run.calls("evict", job) == []
 
 
-def test_permanent_error_fails_the_recovery(start_service: Start, actions_watch: Watcher) -> None:
+def test_a_step_that_fails_for_good_holds_the_job_for_an_operator_never_leaves_it_dead(
+    start_service: Start, actions_watch: Watcher, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A permanent error ends in a hold with an ERROR line saying what is needed, not in a
+    "failed" recovery that leaves the stopped job dead."""
     job = unique("job-perm")
     run = start_service([job], dry_run=DryRunConfig(permanent_errors=["evict"]))
     send(run.settings, job_spec(job))
     d = make_decision(job, Action.EVICT, [f"{job}-n0"])
+    with caplog.at_level("ERROR", logger="actions.recovery"):
+        send(run.settings, d)
+        rec = run.wait(d.decision_id, states=("held",))
+    assert rec.held_step == "evict" and "needed: evict (cordon and drain)" in rec.held_reason
+    assert f"trainguard actions release {d.decision_id}" in rec.held_reason
+    assert any(r.levelname == "ERROR" and d.decision_id in r.getMessage() for r in caplog.records)
+    held = actions_watch.wait_for(
+        lambda e: (
+            isinstance(e, ActionEvent) and e.decision_id == d.decision_id and e.phase is ActionPhase.HELD
+        )
+    )
+    assert isinstance(held, ActionEvent) and held.step == "evict" and "needed:" in held.detail
+
+
+def test_standbys_that_never_start_hold_the_swap_then_release_resumes_it(
+    start_service: Start, actions_watch: Watcher
+) -> None:
+    """Standbys still starting make ``swap_standbys`` retry within its budget; when the budget is
+    spent the recovery is held (the job is not silently dead), and a release after the standbys
+    came up swaps them in and restarts the job."""
+    job = unique("job-swap-held")
+    run = start_service(
+        [job],
+        dry_run=DryRunConfig(transient_errors={"activate_standbys": 3}),
+        steps={"swap_standbys": StepPolicy(retries=1, backoff_s=0.1, budget_s=30)},
+    )
+    send(run.settings, job_spec(job, n=4, standbys=2))
+    d = make_decision(job, Action.EVICT, [f"{job}-n1"])
     send(run.settings, d)
+    rec = run.wait(d.decision_id, states=("held",))
+    assert rec.held_step == "swap_standbys" and "needed: ready standby machines" in rec.held_reason
+    assert run.calls("restart", job) == []
+    run.service.store.release(d.decision_id)
     rec = run.wait(d.decision_id)
-    assert rec.state is RecoveryState.FAILED and "evict" in rec.detail
-    evs = events_of(actions_watch, d.decision_id)
-    assert ("evict", "failed") in [(e.step, e.phase.value) for e in evs]
-    assert evs[-1].step == "recovery" and evs[-1].phase is ActionPhase.FAILED
+    assert rec.state is RecoveryState.SUCCEEDED and rec.path == "evict"
+    assert len(run.calls("restart", job)) == 1
+    swap = next(s for s in run.service.store.steps(d.decision_id) if s["key"] == "swap_standbys")
+    assert swap["attempts"] == 4  # 2 before the hold, 2 after the release (the third error, then ok)
 
 
 def test_hang_localised_during_a_recovery_is_that_recovery_not_a_new_fault(start_service: Start) -> None:

@@ -68,3 +68,49 @@ def test_step_retries_back_off_exponentially_and_honour_the_executors_delay(tmp_
     assert stop.waits == [1.0, 2.0, 10.0, 4.0, 4.0]
     failed = [e.detail for e in events.actions if e.step == "restart" and e.phase.value == "failed"]
     assert [d.rsplit("retrying in ", 1)[-1] for d in failed] == ["1 s", "2 s", "10 s", "4 s", "4 s"]
+
+
+class AdvancingStop(RecordingStop):
+    """Each wait moves the runner's clock on by the time waited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now_ms = 1_000_000
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.now_ms += int(float(timeout or 0.0) * 1000)
+        return super().wait(timeout)
+
+
+def test_a_temporary_error_is_retried_within_the_steps_budget_then_the_recovery_is_held(
+    tmp_path: Path,
+) -> None:
+    job = "job-budget"
+    spec = job_spec(job)
+    cfg = ActionsConfig(
+        steps={"restart": StepPolicy(retries=100, backoff_s=10.0, backoff_max_s=10.0, budget_s=35.0)},
+        spec_wait_s=0,
+    )
+    executor = FlakyRestart(ExecutorEnv(state_dir=tmp_path / "executor"), [None] * 50)
+    store, stop, events = ProgressStore(tmp_path / "progress.sqlite"), AdvancingStop(), Events()
+    runner = RecoveryRunner(
+        cfg, store, executor, events, lambda _job: spec, stop=stop, clock=lambda: stop.now_ms
+    )
+    decision = make_decision(job, Action.DIAGNOSE)
+    assert store.accept(decision, decision.ts_ms)
+    rec = runner.run(decision.decision_id)
+    # Attempts at 0, 10, 20, 30 and 40 s: the fifth failure finds the 35 s budget spent.
+    assert stop.waits == [10.0, 10.0, 10.0, 10.0]
+    assert rec.state is RecoveryState.HELD and rec.held_step == "restart"
+    assert "needed: the job restarted on healthy machines" in rec.held_reason
+    held = [e for e in events.actions if e.phase.value == "held"]
+    assert [e.step for e in held] == ["restart"]
+
+
+def test_swapping_standbys_waits_minutes_by_default_not_seconds() -> None:
+    """A standby's start under load takes tens of seconds: the default swap budget covers it."""
+    swap = ActionsConfig().policy("swap_standbys")
+    assert swap.budget_s >= 120 and swap.retries >= 30
+    assert (
+        ActionsConfig(steps={"swap_standbys": StepPolicy(budget_s=5)}).policy("swap_standbys").budget_s == 5
+    )
