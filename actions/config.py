@@ -8,6 +8,7 @@ settings without touching this file.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,11 @@ class ActionsConfig:
     poll_interval_s: float = field(default=0.5, metadata=bounds(0.01, 60))
 
     # --- safety ------------------------------------------------------------------------------
+    #: a decision older than this when it first arrives is dead-lettered, not acted on: after an
+    #: outage of the service, an eviction decided an hour ago describes a cluster long changed.
+    max_decision_age_s: float = field(default=900.0, metadata=bounds(1, 30 * 86_400))
+    #: how far in the future (by this service's clock) a decision or job spec may be dated.
+    clock_skew_s: float = field(default=60.0, metadata=bounds(0, 86_400))
     #: blast-radius guard: machines one job may lose per rolling hour; more waits for an operator.
     max_evictions_per_job_hour: int = field(default=8, metadata=bounds(0, 1_000_000))
     #: the same across every job this service manages.
@@ -103,6 +109,18 @@ class ActionsConfig:
                 f"actions.diagnostics: the executor cannot run {unknown}; it runs {list(available)}"
             )
         return tuple(self.diagnostics)
+
+    @property
+    def consumer_group(self) -> str:
+        """The decisions consumer group: ``group_id``, suffixed by the job list when there is one.
+
+        Two services with different job lists in one group would each get some partitions and
+        silently drop the decisions of the other's jobs; services with the same list (a standby
+        service for failover) still share a group."""
+        if not self.jobs:
+            return self.group_id
+        digest = hashlib.sha256("\n".join(sorted(set(self.jobs))).encode()).hexdigest()[:12]
+        return f"{self.group_id}-{digest}"
 
     def policy(self, kind: str) -> StepPolicy:
         """The retry policy of a step kind: ``steps[kind]``, else the built-in default for the

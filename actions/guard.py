@@ -15,23 +15,27 @@ HOUR_MS = 3600 * 1000
 
 
 def eviction_hold(
-    cfg: ActionsConfig, store: ProgressStore, job: str, machines: list[str], now_ms: int
+    cfg: ActionsConfig, store: ProgressStore, decision_id: str, job: str, machines: list[str], now_ms: int
 ) -> str:
-    """Why evicting ``machines`` of ``job`` now must wait for an operator ("" when it may go)."""
-    since = now_ms - HOUR_MS
-    per_job = store.evictions_since(since, job) + len(machines)
-    if per_job > cfg.max_evictions_per_job_hour:
-        return (
-            f"blast radius: evicting {len(machines)} machine(s) would make {per_job} evictions of job "
-            f"{job} in the last hour (cap {cfg.max_evictions_per_job_hour})"
-        )
-    total = store.evictions_since(since) + len(machines)
-    if total > cfg.max_evictions_per_hour:
-        return (
-            f"blast radius: evicting {len(machines)} machine(s) would make {total} evictions in the last "
-            f"hour across all jobs (cap {cfg.max_evictions_per_hour})"
-        )
-    return ""
+    """Why evicting ``machines`` of ``job`` now must wait for an operator ("" when it may go).
+
+    Checked and recorded atomically (:meth:`ProgressStore.reserve_evictions`): recoveries of
+    several jobs checking at once cannot all pass a cap that only one of them fits under."""
+
+    def refuse(per_job: int, total: int) -> str:
+        if per_job > cfg.max_evictions_per_job_hour:
+            return (
+                f"blast radius: evicting {len(machines)} machine(s) would make {per_job} evictions of job "
+                f"{job} in the last hour (cap {cfg.max_evictions_per_job_hour})"
+            )
+        if total > cfg.max_evictions_per_hour:
+            return (
+                f"blast radius: evicting {len(machines)} machine(s) would make {total} evictions in the "
+                f"last hour across all jobs (cap {cfg.max_evictions_per_hour})"
+            )
+        return ""
+
+    return store.reserve_evictions(decision_id, job, machines, now_ms - HOUR_MS, now_ms, refuse)
 
 
 def restart_hold(cfg: ActionsConfig, store: ProgressStore, job: str, now_ms: int) -> str:

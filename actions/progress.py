@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +93,12 @@ CREATE TABLE IF NOT EXISTS specs (
     job TEXT PRIMARY KEY,
     ts_ms INTEGER NOT NULL,
     spec BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pause (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    reason TEXT NOT NULL,
+    by TEXT NOT NULL,
+    ts_ms INTEGER NOT NULL
 );
 """
 
@@ -417,7 +423,60 @@ class ProgressStore:
         with self._tx() as c:
             c.execute("UPDATE steps SET announced = 1 WHERE decision_id = ? AND key = ?", (decision_id, key))
 
+    # --- operator pause ----------------------------------------------------------------------------
+
+    def pause(self, reason: str, by: str, now_ms: int) -> None:
+        """Stop starting recovery steps (decisions are still accepted and queued) until resumed."""
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO pause (id, reason, by, ts_ms) VALUES (1, ?, ?, ?)",
+                (reason, by, now_ms),
+            )
+
+    def resume(self) -> bool:
+        """Lift the pause; False when the service was not paused."""
+        with self._tx() as c:
+            return c.execute("DELETE FROM pause WHERE id = 1").rowcount > 0
+
+    def paused(self) -> dict[str, Any] | None:
+        """The pause in force (reason, by, ts_ms), or None."""
+        rows = self._rows("SELECT reason, by, ts_ms FROM pause WHERE id = 1")
+        return dict(rows[0]) if rows else None
+
     # --- guard and budget logs -------------------------------------------------------------------
+
+    def reserve_evictions(
+        self,
+        decision_id: str,
+        job: str,
+        machines: list[str],
+        since_ms: int,
+        now_ms: int,
+        refuse: Callable[[int, int], str],
+    ) -> str:
+        """Check the blast-radius caps and record the evictions in one transaction.
+
+        ``refuse(per_job, total)`` gets the evictions in the window (of the job, of every job) the
+        cap would count with these machines and says why not ("" to go on).  The machines are
+        logged at once, before the evict step runs, so evictions in flight count for every other
+        recovery checking at the same time; a resumed recovery finds its own rows and passes.
+        """
+        with self._tx() as c:
+            rows = c.execute("SELECT machine FROM evictions WHERE decision_id = ?", (decision_id,))
+            mine = {r[0] for r in rows}
+            new = [m for m in dict.fromkeys(machines) if m not in mine]
+            if not new:
+                return ""
+            count = "SELECT COUNT(*) FROM evictions WHERE ts_ms >= ?"
+            per_job = c.execute(count + " AND job = ?", (since_ms, job)).fetchone()[0] + len(new)
+            total = c.execute(count, (since_ms,)).fetchone()[0] + len(new)
+            reason = refuse(int(per_job), int(total))
+            if not reason:
+                c.executemany(
+                    "INSERT OR IGNORE INTO evictions (decision_id, machine, job, ts_ms) VALUES (?, ?, ?, ?)",
+                    [(decision_id, m, job, now_ms) for m in new],
+                )
+            return reason
 
     def evictions_since(self, since_ms: int, job: str | None = None) -> int:
         if job is None:

@@ -110,6 +110,8 @@ class RecoveryRunner:
                 return rec
         self._announce_done_steps(rec)
         while not self.stop.is_set():
+            if self.store.paused() is not None:  # an operator paused the service: no new step
+                return rec
             assert rec.context is not None
             results = self.store.step_results(decision_id)
             plan = build_plan(rec.decision, PlanContext.from_json(rec.context["plan"]), results)
@@ -124,7 +126,9 @@ class RecoveryRunner:
             if state is not rec.state and state is not RecoveryState.PENDING:
                 rec = self.store.transition(decision_id, state)
             if step.kind is StepKind.EVICT and StepKind.EVICT.value not in rec.released:
-                reason = guard.eviction_hold(self.cfg, self.store, rec.job, list(step.machines), self.clock())
+                reason = guard.eviction_hold(
+                    self.cfg, self.store, rec.decision_id, rec.job, list(step.machines), self.clock()
+                )
                 if reason:
                     return self._hold(rec, reason, step.key)
             error = self._run_step(rec, step, results)

@@ -2,7 +2,7 @@
 
 Main loop (one thread):
 
-1. poll the decisions topic (consumer group ``cfg.group_id``) and *accept* each decision into the
+1. poll the decisions topic (consumer group ``cfg.consumer_group``) and *accept* each decision into the
    progress store (idempotent by ``decision_id``: a redelivered decision is a no-op), then commit
    the offsets -- a decision is committed only once it is durably recorded, and from then on the
    store, not Kafka, carries it (a recovery can take minutes; Kafka's poll interval must not);
@@ -85,6 +85,32 @@ def transient(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("kafka", "aiokafka")
 
 
+class BadlyDated(ValueError):
+    """A record dated too far in the past or the future to act on (dead-lettered, never retried)."""
+
+
+def check_dated(
+    ts_ms: int, now_ms: int, cfg: ActionsConfig, what: str, max_age_s: float | None = None
+) -> None:
+    """Raise :class:`BadlyDated` if ``ts_ms`` is later than ``now_ms`` plus the clock-skew allowance,
+    or older than ``max_age_s``.
+
+    >>> cfg = ActionsConfig(clock_skew_s=60, max_decision_age_s=900)
+    >>> check_dated(1_000_000, 1_030_000, cfg, "decision", max_age_s=900)
+    >>> check_dated(2_000_000, 1_000_000, cfg, "job spec")
+    Traceback (most recent call last):
+    ...
+    actions.service.BadlyDated: job spec dated 1000 s in the future (clock skew allowance 60 s)
+    """
+    ahead_s = (ts_ms - now_ms) / 1000
+    if ahead_s > cfg.clock_skew_s:
+        raise BadlyDated(
+            f"{what} dated {ahead_s:.0f} s in the future (clock skew allowance {cfg.clock_skew_s:g} s)"
+        )
+    if max_age_s is not None and -ahead_s > max_age_s:
+        raise BadlyDated(f"{what} is {-ahead_s:.0f} s old (at most {max_age_s:g} s is acted on)")
+
+
 class RetryLater(RuntimeError):
     """Handling a record hit the world being down; the reader seeked back to re-read it."""
 
@@ -139,20 +165,21 @@ class JobsFollower:
         store: ProgressStore,
         wanted: Callable[[str], bool],
         reject: Reject | None = None,
-        consumer: Any = None,
+        dated: Callable[[int], None] | None = None,
     ) -> None:
-        self.store, self.wanted = store, wanted
-        self.reject: Reject = reject or _log_only
-        if consumer is None:
-            from kafka import KafkaConsumer, TopicPartition
+        from kafka import KafkaConsumer, TopicPartition
 
-            consumer = KafkaConsumer(
-                **settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
-            )
-            parts = [TopicPartition(JOBS.name, p) for p in range(JOBS.partitions)]
-            consumer.assign(parts)
-            consumer.seek_to_beginning(*parts)
-        self.consumer = consumer
+        self.store, self.wanted = store, wanted
+        #: raises for a spec dated too far in the future (a wrong clock or a forged spec would
+        #: otherwise win "latest spec wins" over every real one to come).
+        self.dated = dated or (lambda _ts: None)
+        self.reject: Reject = reject or _log_only
+        self.consumer = KafkaConsumer(
+            **settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
+        )
+        parts = [TopicPartition(JOBS.name, p) for p in range(JOBS.partitions)]
+        self.consumer.assign(parts)
+        self.consumer.seek_to_beginning(*parts)
 
     def poll(self, timeout_ms: int = 0) -> int:
         seen = 0
@@ -175,6 +202,7 @@ class JobsFollower:
             return 0
         try:
             if isinstance(spec, JobSpec) and self.wanted(spec.job):
+                self.dated(spec.ts_ms)
                 self.store.save_spec(spec)
                 return 1
         except Exception as exc:
@@ -188,7 +216,7 @@ class JobsFollower:
 
 
 class DecisionSource(Protocol):
-    """Where decisions come from (:class:`infra.bus.EventConsumer`; a fake in unit tests)."""
+    """Where decisions come from (:class:`infra.bus.EventConsumer`)."""
 
     def poll(self, timeout_ms: int = 1000) -> Batch: ...
 
@@ -239,25 +267,30 @@ class ActionService:
         #: pause after a recovery's run crashed, before the next dispatch retries it.
         self.crash_pause_s = 1.0
         self._last_trouble = ("", 0.0)
+        self._pause_logged = 0.0
 
     def wanted(self, job: str) -> bool:
         return not self.cfg.jobs or job in self.cfg.jobs
 
     # --- loop ------------------------------------------------------------------------------------
 
-    def start_consuming(
-        self, consumer: DecisionSource | None = None, jobs: JobsFollower | None = None
-    ) -> None:
-        """Open the decisions consumer and the jobs reader (tests may hand in their own)."""
-        self._consumer = consumer or EventConsumer(
+    def start_consuming(self) -> None:
+        """Open the decisions consumer and the jobs reader."""
+        self._consumer = EventConsumer(
             self.settings.kafka,
             [DECISIONS.name],
-            self.cfg.group_id,
+            self.cfg.consumer_group,
             producer=self.producer,
             session_timeout_ms=10_000,
             max_poll_records=500,
         )
-        self._jobs = jobs or JobsFollower(self.settings, self.store, self.wanted, self.reject)
+        self._jobs = JobsFollower(
+            self.settings,
+            self.store,
+            self.wanted,
+            self.reject,
+            dated=lambda ts: check_dated(ts, self.clock(), self.cfg, "job spec"),
+        )
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Run until ``stop`` (or :meth:`shutdown`) is set."""
@@ -382,7 +415,10 @@ class ActionService:
                 self._last_trouble = (str(exc), now)
 
     def accept(self, decision: Decision) -> bool:
-        if self.store.accept(decision, self.clock()):
+        now = self.clock()
+        if self.store.get(decision.decision_id) is None:  # a redelivery was checked the first time
+            check_dated(decision.ts_ms, now, self.cfg, "decision", max_age_s=self.cfg.max_decision_age_s)
+        if self.store.accept(decision, now):
             self.accepted += 1
             log.info(
                 "accepted decision %s (%s) for job %s", decision.decision_id, decision.action, decision.job
@@ -410,6 +446,19 @@ class ActionService:
                     log.warning("could not publish forced update decision: %s", exc)
 
     def dispatch(self) -> None:
+        pause = self.store.paused()
+        if pause is not None:  # recoveries in flight stop before their next step (the runner checks)
+            if time.monotonic() - self._pause_logged > 60:
+                self._pause_logged = time.monotonic()
+                log.warning(
+                    "paused by %s since %d: %s; decisions are queued, no recovery step runs until "
+                    "`trainguard actions resume`",
+                    pause["by"],
+                    pause["ts_ms"],
+                    pause["reason"],
+                )
+            return
+        self._pause_logged = 0.0
         for job in self.store.jobs_with_work():
             t = self._workers.get(job)
             if t is not None and t.is_alive():

@@ -39,7 +39,8 @@ class KafkaConfig:
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
     sasl_username: str | None = None
-    sasl_password: str | None = None
+    #: never in a repr (configs get logged and printed in tracebacks).
+    sasl_password: str | None = field(default=None, repr=False)
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
@@ -103,7 +104,7 @@ class ClickHouseConfig:
     port: int = field(default=18123, metadata=_PORT)
     database: str = "trainguard"
     username: str = "default"
-    password: str = ""
+    password: str = field(default="", repr=False)
     #: HTTPS instead of HTTP; the TLS options below need it (set without it they are an error).
     secure: bool = False
     #: PEM bundle of the CA(s) that signed the server certificate; unset: the system trust store;

@@ -49,6 +49,8 @@ class Worker:
 
 def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
     broker, credentials = faust_broker(settings.kafka)
+    datadir = settings.stack.home_path / "worker" / f"{cfg.app_id}-data"
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # Faust creates the last level only
     app = faust.App(
         cfg.app_id,
         broker=broker,
@@ -56,7 +58,7 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
         store="memory://",
         # Faust keeps its table and leader state in ``datadir``; its default (``<app_id>-data``
         # in the working directory) littered whatever directory a worker was started from.
-        datadir=str(settings.stack.home_path / "worker" / f"{cfg.app_id}-data"),
+        datadir=str(datadir),
         autodiscover=False,
         # Topics come from the registry and are created by `stack up`; Faust creates only its
         # own internal topics.

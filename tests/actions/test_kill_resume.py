@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from actions.config import ActionsConfig
 from actions.progress import ProgressStore
 from actions.state import RecoveryState
 from infra.bus import EventProducer
@@ -127,7 +128,7 @@ def test_sigkill_mid_recovery_then_restart_completes_it_once(
         producer = EventProducer(stack_settings.kafka)
         again = producer.send(d).get(timeout=30)
         producer.close()
-        offsets = CommittedOffsets(stack_settings, group)
+        offsets = CommittedOffsets(stack_settings, ActionsConfig(group_id=group, jobs=[job]).consumer_group)
         try:
             wait_until(
                 lambda: offsets.past(again.topic, again.partition, again.offset),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,46 @@ def test_guard_counts_evictions_per_job_and_overall(tmp_path: Path) -> None:
     store.step_done("d1", "evict", {}, now - 100, job="a", evicted=["n1", "n2"])
     store.step_done("d1", "evict", {}, now - 50, job="a", evicted=["n1", "n2"])  # re-recorded: counted once
     store.step_done("old", "evict", {}, now - guard.HOUR_MS - 1, job="a", evicted=["n9"])
-    assert guard.eviction_hold(cfg, store, "a", ["n3"], now) == ""
-    assert "job a" in guard.eviction_hold(cfg, store, "a", ["n3", "n4"], now)
-    store.step_done("d2", "evict", {}, now - 10, job="b", evicted=["m1", "m2"])
-    assert "across all jobs" in guard.eviction_hold(cfg, store, "b", ["m3"], now)
+    assert "job a" in guard.eviction_hold(cfg, store, "d3", "a", ["n3", "n4"], now)  # 4 > 3
+    assert guard.eviction_hold(cfg, store, "d3", "a", ["n3"], now) == ""  # 3: passes, and is logged
+    assert guard.eviction_hold(cfg, store, "d3", "a", ["n3"], now) == ""  # resumed: its own rows pass
+    assert "job a" in guard.eviction_hold(cfg, store, "d4", "a", ["n5"], now)  # n3 counts, in flight
+    store.step_done("d3", "evict", {}, now + 5, job="a", evicted=["n3"])  # the step: counted once
+    assert store.evictions_since(now - guard.HOUR_MS, "a") == 3
+    store.step_done("d2", "evict", {}, now - 10, job="b", evicted=["m1"])
+    assert "across all jobs" in guard.eviction_hold(cfg, store, "d5", "b", ["m3"], now)  # 5 > 4
+
+
+def test_the_guard_checks_and_records_atomically_across_concurrent_recoveries(tmp_path: Path) -> None:
+    """Recoveries of many jobs reaching their evict step at once: exactly the cap gets through."""
+    store = ProgressStore(tmp_path / "p.sqlite")
+    cfg = ActionsConfig(max_evictions_per_hour=5)
+    now = 10 * guard.HOUR_MS
+    start = threading.Barrier(20)
+    results: dict[int, str] = {}
+
+    def recover(i: int) -> None:
+        start.wait()
+        results[i] = guard.eviction_hold(cfg, store, f"d{i}", f"job{i}", [f"m{i}"], now)
+
+    threads = [threading.Thread(target=recover, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(1 for reason in results.values() if reason == "") == 5
+    assert store.evictions_since(now - guard.HOUR_MS) == 5
+
+
+def test_a_pause_is_persisted_until_resumed(tmp_path: Path) -> None:
+    path = tmp_path / "p.sqlite"
+    store = ProgressStore(path)
+    assert store.paused() is None and not store.resume()
+    store.pause("network maintenance", "alice", 123)
+    store.close()
+    again = ProgressStore(path)
+    assert again.paused() == {"reason": "network maintenance", "by": "alice", "ts_ms": 123}
+    assert again.resume() and again.paused() is None
 
 
 def test_restart_budget(tmp_path: Path) -> None:

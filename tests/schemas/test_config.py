@@ -86,3 +86,16 @@ def test_component_sections_are_validated_by_their_component(tmp_path: Path) -> 
         component_config(load_settings(f, environ={}), "worker", _Worker)
     with pytest.raises(ConfigError, match="unknown setting 'nope'"):
         component_config(load_settings(environ={"TRAINGUARD__WORKER__NOPE": "1"}), "worker", _Worker)
+
+
+def test_secrets_never_appear_in_a_repr(tmp_path: Path) -> None:
+    """Configs are logged and shown in tracebacks: passwords stay out of their reprs."""
+    cfg = tmp_path / "tg.yaml"
+    cfg.write_text(
+        "kafka: {sasl_mechanism: PLAIN, sasl_username: u, sasl_password: kafka-s3cret}\n"
+        "clickhouse: {password: ch-s3cret}\n"
+    )
+    settings = load_settings(cfg, environ={})
+    assert settings.kafka.sasl_password == "kafka-s3cret" and settings.clickhouse.password == "ch-s3cret"
+    shown = repr(settings) + str(settings) + repr(settings.kafka) + repr(settings.clickhouse)
+    assert "s3cret" not in shown and "sasl_username='u'" in shown

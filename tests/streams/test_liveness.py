@@ -1,4 +1,12 @@
-"""The worker's progress-based liveness (/healthz) for the agents and for the sink (no servers)."""
+"""The worker's progress-based liveness (/healthz) for the agents and for the sink: pure logic.
+
+:class:`~streams.metrics.WorkerMetrics` and :class:`~streams.metrics.SinkMetrics` decide from
+plain values -- the lags, counts and errors the Faust consumer and the sink report to them -- so
+they are fed those values directly; nothing stands in for Kafka or ClickHouse (a ``StoreError`` is
+only the error value the sink hands over), and only the clock is patched.  The real worker's
+``/healthz`` against the real stack is checked in ``test_worker.py``, ``test_bad_records_live.py``
+and ``test_failover.py`` (ClickHouse stopped: the retrying sink keeps the worker healthy).
+"""
 
 from __future__ import annotations
 

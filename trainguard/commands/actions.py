@@ -84,8 +84,11 @@ def status_cmd(ctx: click.Context, job: str | None, limit: int, as_json: bool) -
     store = _store(ctx)
     try:
         rows = status(store, job, limit)
+        pause = store.paused()
     finally:
         store.close()
+    if pause is not None:
+        click.echo(f"PAUSED by {pause['by']} at {_when(pause['ts_ms'])}: {pause['reason']}", err=True)
     for r in rows:
         if as_json:
             click.echo(json.dumps(r))
@@ -135,6 +138,35 @@ def cancel(ctx: click.Context, decision_id: str) -> None:
     finally:
         store.close()
     click.echo(f"{decision_id}: cancelled")
+
+
+@actions.command("pause")
+@click.option("--reason", required=True, help="Why (shown in the service's log and in `status`).")
+@click.pass_context
+@friendly_errors
+def pause(ctx: click.Context, reason: str) -> None:
+    """Stop every recovery before its next step, persistently (decisions are still queued)."""
+    import getpass
+
+    store = _store(ctx)
+    try:
+        store.pause(reason, getpass.getuser(), now_ms())
+    finally:
+        store.close()
+    click.echo("paused: no recovery step runs until `trainguard actions resume`")
+
+
+@actions.command("resume")
+@click.pass_context
+@friendly_errors
+def resume(ctx: click.Context) -> None:
+    """Lift a pause: queued and interrupted recoveries continue."""
+    store = _store(ctx)
+    try:
+        was = store.resume()
+    finally:
+        store.close()
+    click.echo("resumed" if was else "was not paused")
 
 
 @actions.command("code-update")
