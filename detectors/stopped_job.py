@@ -100,9 +100,10 @@ class StoppedJobDetector:
         self._reported_quiet_since: float | None = None
 
     def update(self, rank: int, step: int, ts: float) -> None:
-        """``rank`` reported ``step`` at ``ts``: an increase is progress, and the rank lives."""
+        """``rank`` reported ``step`` at ``ts``: a changed step is progress (a restart from a
+        checkpoint recomputes lower steps), and the rank lives."""
         self._exits.pop(rank, None)
-        if rank not in self._step or step > self._step[rank]:
+        if rank not in self._step or step != self._step[rank]:
             self._step[rank] = step
             self._last_progress = ts if self._last_progress is None else max(self._last_progress, ts)
 

@@ -146,10 +146,13 @@ class StepStallDetector:
         self._progress_ts: dict[int, float] = {}
 
     def update(self, rank: int, step: int, ts: float) -> None:
-        """Record that ``rank`` reported ``step`` at ``ts`` (only an increase is progress)."""
+        """Record that ``rank`` reported ``step`` at ``ts``; a step other than the rank's last is
+        progress.  That includes a step *lower* than before: a job restarted from a checkpoint
+        recomputes the steps it lost, and taking that for no progress made every rewind of more
+        than ``stall_s`` worth of steps (a NaN's last good checkpoint) look like a hang."""
         if isinstance(step, bool) or not isinstance(step, int) or _finite(ts) is None:
             return
-        if rank not in self._step or step > self._step[rank]:
+        if rank not in self._step or step != self._step[rank]:
             self._step[rank] = step
             self._progress_ts[rank] = ts
 

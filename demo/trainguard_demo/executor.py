@@ -219,6 +219,9 @@ class LocalExecutor:
             state["standby_seq"] = n + 1
             self._save_state(state)  # a name is never reused, even if the launch below fails
             name = f"{self.cfg.standby_prefix}{n}"
+            home = self.cluster / "machines" / name
+            home.mkdir(parents=True, exist_ok=True)
+            (home / "provisioned").write_text(f"{time.time()}\n")  # its time to ready is measured
             if self.cfg.start_zygotes:  # the pool waits in the queue until the zygote is ready
                 start_zygote(self.cluster, name)
                 wait_for(partial(zygote_pid, self.cluster, name), 5.0)

@@ -14,6 +14,7 @@ done").
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
@@ -232,6 +233,27 @@ def _recovery_path(store: ClickHouseStore, decision_id: str) -> str | None:
     return detail.split("path=")[1].split()[0] if "path=" in detail else None
 
 
+def standby_readiness(cluster: Path, slots: int) -> dict[str, Any]:
+    """How long each standby provisioned during the run took from its start to ready (every slot
+    of its first warm pool waiting for activation), under the run's load; None: never ready."""
+    times: dict[str, float | None] = {}
+    for home in sorted((cluster / "machines").glob("*/provisioned")):
+        machine = home.parent
+        try:
+            started = float(home.read_text())
+            ready = [float(p.read_text()) for p in machine.glob("ready.*")]
+        except (OSError, ValueError):
+            continue
+        times[machine.name] = round(max(ready) - started, 1) if len(ready) >= slots else None
+    measured = sorted(t for t in times.values() if t is not None)
+    return {
+        "ready_s": times,
+        "p50_s": measured[len(measured) // 2] if measured else None,
+        "max_s": measured[-1] if measured else None,
+        "never_ready": sorted(m for m, t in times.items() if t is None),
+    }
+
+
 def _min_sliding(store: ClickHouseStore, job: str) -> float | None:
     """The lowest 1-hour sliding ETTR (windows start at the first step: a run shorter than an hour
     gives the ETTR of every prefix)."""
@@ -263,6 +285,12 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
     )
     if summary.get("sliding_ettr_min") is not None:
         echo(f"Lowest 1-hour sliding ETTR: {summary['sliding_ettr_min']:.1%}")
+    standbys = summary.get("standbys") or {}
+    if standbys.get("ready_s"):
+        echo(
+            f"Standby time to ready under load: p50 {standbys['p50_s']} s, max {standbys['max_s']} s "
+            f"over {len(standbys['ready_s'])} provisioned; never ready: {standbys['never_ready'] or 'none'}"
+        )
     baseline = summary.get("baseline")
     if baseline:
         echo(

@@ -45,7 +45,13 @@ from trainguard_demo.config import LaunchSpec
 from trainguard_demo.inject import inject
 from trainguard_demo.launcher import launch_job, new_pool, read_progress, standby_ready, start_zygote
 from trainguard_demo.node import exporter_argv
-from trainguard_demo.report import NOT_ACTING, build_summary, first_step_after, recoveries_since
+from trainguard_demo.report import (
+    NOT_ACTING,
+    build_summary,
+    first_step_after,
+    recoveries_since,
+    standby_readiness,
+)
 
 if TYPE_CHECKING:
     from trainguard_demo.baseline import BaselineSupervisor
@@ -390,7 +396,9 @@ class Demo:
             self._healthy_for(gap)
             injected.append(self._inject_and_wait(item))
         self._healthy_for(10.0)  # the last recovery's steps reach ClickHouse
-        return build_summary(self._store(), self.job, injected, self.baseline)
+        summary = build_summary(self._store(), self.job, injected, self.baseline)
+        summary["standbys"] = standby_readiness(self.cluster, self.cfg.ranks_per_machine)
+        return summary
 
     def _inject_and_wait(self, item: dict[str, Any]) -> dict[str, Any]:
         """Inject one scenario item (into the baseline too) and wait until it is handled."""

@@ -47,6 +47,11 @@ def wait_for_activation(cfg: StandbyConfig) -> tuple[LaunchSpec, int]:
     paths = ClusterPaths(Path(cfg.cluster_dir))
     status = paths.pool(cfg.machine, cfg.pool) / f"slot-{cfg.slot}.json"
     write_atomic(status, json.dumps({"status": "standby", "pid": os.getpid(), "ts": time.time()}))
+    # The machine's first ready moment per slot, kept (the status above changes on activation):
+    # the demo's summary measures a standby's time to ready from it.
+    first = paths.machine(cfg.machine) / f"ready.{cfg.slot}"
+    if not first.exists():
+        write_atomic(first, f"{time.time()}\n")
     activation = paths.activation(cfg.machine, cfg.pool)
     while True:
         try:

@@ -46,9 +46,15 @@ FAULTS = (
     "oom",
 )
 #: faults whose replay does not decide what the real run decided, or what the rules ask for.
-#: (None now.  ``slow`` was one while its recording came from a run whose worker mistook its own
-#: lag for a stall and whose trainer sent no MFU; it is now recorded from a later run.)
-NOT_AS_REAL: dict[str, str] = {}
+#: (``slow`` was one while its recording came from a run whose worker mistook its own lag for a
+#: stall and whose trainer sent no MFU; it is now recorded from a later run.)
+NOT_AS_REAL: dict[str, str] = {
+    "nan": (
+        "the real run's worker took the job's own restart from the last good checkpoint (steps "
+        "315.. again after 318) for a hang and asked for an aggregate at 46 s; the stall detector "
+        "now counts recomputed steps as progress (test_a_nan_restart_is_not_taken_for_a_hang)"
+    ),
+}
 NOT_AS_RULES: dict[str, str] = {}
 
 Decided = list[tuple[str, list[str]]]
@@ -253,3 +259,13 @@ def test_real_worker_decides_what_the_real_run_decided(stack_settings: Settings,
     finally:
         watcher.close()
         worker.stop()
+
+
+def test_a_nan_restart_is_not_taken_for_a_hang() -> None:
+    """The NaN's recovery restarts the job from its last good checkpoint, a few steps back: the
+    replay decides the diagnosis and nothing else (the real run's later aggregate was the worker
+    mistaking the recomputed steps for a stall)."""
+    row = next(r for r in ROWS if r["fault"] == "nan")
+    decided = _since_injection(_replayed(row).decisions, row)
+    assert [a for a, _ in decided] == ["diagnose"], decided
+    assert [a for a, _ in _real(row)] == ["diagnose", "aggregate"]

@@ -235,3 +235,19 @@ def test_finding_dict_and_worst() -> None:
     assert worst([a, b]) is b and worst([]) is None
     d = a.to_dict()
     assert d["ranks"] == [1, 2] and d["severity"] == "warning" and not math.isnan(d["score"])
+
+
+def test_a_restart_that_recomputes_lost_steps_is_progress_not_a_hang() -> None:
+    """After a NaN the job restarts from its last good checkpoint, 30 steps back: recomputing them
+    (steps below the highest seen) is progress; only a frozen step is a stall."""
+    d = StepStallDetector(StallConfig(stall_s=6.0), job="j")
+    alive = {0: True, 1: True}
+    for r in alive:
+        d.update(r, 130, ts=0.0)
+    t = 2.0
+    for step in range(100, 131):  # the restarted generation, 0.4 s a step
+        for r in alive:
+            d.update(r, step, ts=t)
+        t += 0.4
+        assert d.check(now=t, alive=alive) is None
+    assert d.check(now=t + 6.5, alive=alive) is not None  # frozen afterwards: a stall

@@ -1,0 +1,102 @@
+"""The demo's summary: per-incident phases from ClickHouse, skipped faults, standby readiness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.clickhouse.store import ClickHouseStore
+from schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
+from schemas.enums import Action, Severity
+from schemas.workload import TrainingStep
+from trainguard_demo.report import build_summary, standby_readiness
+
+T0 = 1_795_000_000_000
+JOB = "demo-report"
+
+
+def _rows(store: ClickHouseStore) -> None:
+    """Steps every 0.5 s; an Xid at T0+10 s, detected at +1 s, decided at +1.5 s, recovered by a
+    stop (1 s), evict (0.5 s), swap (1 s) and restart (2 s) ending at +7 s; steps again at +8 s."""
+    steps = [
+        TrainingStep(job=JOB, rank=0, step=i, ts_ms=T0 + 500 * (i + 1), step_time_s=0.5) for i in range(20)
+    ]
+    steps += [
+        TrainingStep(job=JOB, rank=0, step=20 + i, ts_ms=T0 + 18_000 + 500 * i, step_time_s=0.5)
+        for i in range(10)
+    ]
+    fault = T0 + 10_000
+    det = Detection(
+        detection_id="det-r",
+        ts_ms=fault + 1_000,
+        job=JOB,
+        kind="xid-79",
+        category="gpu_unavailable",
+        severity=Severity.CRITICAL,
+        action=Action.EVICT,
+        node="m1",
+        source_ts_ms=fault,
+    )
+    dec = Decision(
+        decision_id="dec-r",
+        ts_ms=fault + 1_500,
+        job=JOB,
+        action=Action.EVICT,
+        targets=Targets(machines=["m1"], group_kind="machine"),
+        detection_ids=["det-r"],
+    )
+    acts, t = [], fault + 1_600
+    acts.append(_act("recovery", ActionPhase.STARTED, t, 0, "path=evict level=0"))
+    for step, took in (("stop", 1_000), ("evict", 500), ("swap_standbys", 1_000), ("restart", 2_000)):
+        acts.append(_act(step, ActionPhase.STARTED, t, 0))
+        t += took
+        acts.append(_act(step, ActionPhase.SUCCEEDED, t, took))
+    acts.append(_act("recovery", ActionPhase.SUCCEEDED, t + 10, t - fault, "path=evict"))
+    store.insert_events([*steps, det, dec, *acts])
+
+
+def _act(step: str, phase: ActionPhase, ts: int, took: float, detail: str = "") -> ActionEvent:
+    return ActionEvent(
+        event_id=f"{step}-{phase.value}",
+        decision_id="dec-r",
+        ts_ms=ts,
+        job=JOB,
+        step=step,
+        phase=phase,
+        action=Action.EVICT,
+        duration_ms=took,
+        detail=detail,
+    )
+
+
+def test_the_summary_breaks_each_incident_into_phases_and_reports_skipped_faults(
+    store: ClickHouseStore,
+) -> None:
+    _rows(store)
+    injected = [
+        {"fault": "xid", "machine": "m1", "injected_at": (T0 + 10_000) / 1000, "progressed": True},
+        {"fault": "nan", "machine": "m2", "skipped": True},
+    ]
+    summary = build_summary(store, JOB, injected)
+    xid, nan = summary["incidents"]
+    assert xid["recovered"] and xid["action"] == "evict"
+    phases = xid["phases"]
+    assert phases["detect"] == 1.0 and phases["localise"] == 0.5 and phases["decide"] == 0.0
+    assert phases["steps"] == {"stop": 1.0, "evict": 0.5, "swap_standbys": 1.0, "restart": 2.0}
+    restart_end = T0 + 11_600 + 4_500
+    assert phases["first_step"] == (T0 + 18_000 - restart_end) / 1000
+    assert nan["recovered"] is False and nan["phases"] == {} and "not injected" in nan["action"]
+
+
+def test_standby_readiness_measures_provisioned_machines_only(tmp_path: Path) -> None:
+    machines = tmp_path / "machines"
+    for name, started, ready in (("standby-0", 100.0, [130.5, 131.0]), ("standby-1", 200.0, [210.0])):
+        home = machines / name
+        home.mkdir(parents=True)
+        (home / "provisioned").write_text(f"{started}\n")
+        for slot, ts in enumerate(ready):
+            (home / f"ready.{slot}").write_text(f"{ts}\n")
+    (machines / "m0").mkdir()  # started with the job: not a provisioned standby
+    (machines / "m0" / "ready.0").write_text("1.0\n")
+    out = standby_readiness(tmp_path, slots=2)
+    assert out["ready_s"] == {"standby-0": 31.0, "standby-1": None}
+    assert out["p50_s"] == 31.0 and out["max_s"] == 31.0 and out["never_ready"] == ["standby-1"]
