@@ -18,7 +18,7 @@ from infra.config import KafkaConfig
 from schemas.base import Event, now_ms
 from schemas.codec import DecodeError, decode, encode
 from schemas.control import DeadLetter
-from schemas.topics import BY_NAME, DEAD_LETTERS, TOPICS, Topic, topic_for
+from schemas.topics import BY_NAME, DEAD_LETTERS, TOPICS, Topic, namespaced, topic_for
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,12 @@ class BusError(RuntimeError):
     """Kafka is unreachable or refused an operation (the message says which)."""
 
 
-def create_topics(cfg: KafkaConfig, topics: Iterable[Topic] = TOPICS) -> list[str]:
-    """Create the registry's topics that do not exist; verify partition counts of those that do."""
+def create_topics(cfg: KafkaConfig, topics: Iterable[Topic] = TOPICS, namespace: str = "") -> list[str]:
+    """Create the registry's topics that do not exist; verify partition counts of those that do.
+
+    ``namespace``: their twins in that topic namespace instead (:func:`schemas.topics.namespaced`,
+    e.g. ``shadow``), with the same partitions and configs; ``""`` is the live topics.
+    """
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
@@ -37,20 +41,21 @@ def create_topics(cfg: KafkaConfig, topics: Iterable[Topic] = TOPICS) -> list[st
         admin = KafkaAdminClient(**cfg.client_kwargs())
     except (KafkaError, OSError) as exc:
         raise BusError(f"cannot reach Kafka at {cfg.bootstrap_servers}: {exc}") from exc
+    by_name = {namespaced(t.name, namespace): t for t in topics}
     try:
         existing = set(admin.list_topics())
-        wanted = [t for t in topics if t.name not in existing]
+        wanted = [(n, t) for n, t in by_name.items() if n not in existing]
         created = []
-        for t in wanted:
+        for name, t in wanted:
             try:
-                admin.create_topics([NewTopic(t.name, t.partitions, 1, topic_configs=t.configs())])
-                created.append(t.name)
+                admin.create_topics([NewTopic(name, t.partitions, 1, topic_configs=t.configs())])
+                created.append(name)
             except TopicAlreadyExistsError:  # raced with another `stack up`
                 pass
-        described = admin.describe_topics([t.name for t in topics])
+        described = admin.describe_topics(list(by_name))
         for d in described:
             name = d.get("name") or d.get("topic")  # kafka-python 3.x says "name", 2.x "topic"
-            want = BY_NAME[name].partitions
+            want = by_name[name].partitions
             have = len(d.get("partitions") or [])
             if have and have != want:
                 raise BusError(

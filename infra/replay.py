@@ -5,6 +5,13 @@ File format: JSON lines, one record each, in timestamp order:
 text, or ``{"b64": "..."}`` for bytes that are not (garbage is recorded as it was: replaying an
 incident must replay its poison too).  Replay preserves keys (hence partitions), order and the
 relative timing (scaled by ``speed``; ``speed=0`` sends as fast as possible).
+
+Where a replay goes: into a topic namespace (``namespace="shadow"``, what ``trainguard replay``
+does by default), every record to its topic's twin ``trainguard.shadow.<rest>``
+(:func:`schemas.topics.namespaced`), created first with the registry's partitions and configs.
+No live worker and no action service reads a namespace; a shadow worker (``trainguard worker
+--namespace shadow``) runs the detection path on it.  ``namespace=""`` writes the topics as
+recorded, the live ones: the live action service acts on what it decides from them.
 """
 
 from __future__ import annotations
@@ -16,8 +23,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from infra.bus import BusError
+from infra.bus import BusError, create_topics
 from infra.config import KafkaConfig
+from schemas.topics import namespaced
+
+#: the namespace ``trainguard replay`` writes to unless told ``--live``.
+SHADOW = "shadow"
 
 
 def _enc(b: bytes | None) -> Any:
@@ -38,15 +49,26 @@ def _dec(v: Any) -> bytes | None:
 
 
 def record(
-    cfg: KafkaConfig, topics: list[str], since_ms: int, out: IO[str], until_ms: int | None = None
+    cfg: KafkaConfig,
+    topics: list[str],
+    since_ms: int,
+    out: IO[str],
+    until_ms: int | None = None,
+    namespace: str = "",
 ) -> int:
-    """Write every record of ``topics`` with timestamp in [since_ms, until_ms] to ``out``; return count."""
+    """Write every record of ``topics`` with timestamp in [since_ms, until_ms] to ``out``; return count.
+
+    ``namespace``: read the topics' twins in that namespace, written under the names in ``topics``
+    (a recording of what a shadow worker decided reads like one of the live topics).
+    """
     from kafka import KafkaConsumer, TopicPartition
+
+    named = {namespaced(t, namespace): t for t in topics}
 
     consumer = KafkaConsumer(**cfg.client_kwargs(), enable_auto_commit=False, group_id=None)
     try:
         parts = []
-        for t in topics:
+        for t in named:
             ids = consumer.partitions_for_topic(t)
             if ids is None:
                 raise BusError(f"topic {t!r} does not exist")
@@ -68,7 +90,7 @@ def record(
         records.sort(key=lambda r: (r.timestamp, r.topic, r.partition, r.offset))
         for r in records:
             line = {
-                "topic": r.topic,
+                "topic": named.get(r.topic, r.topic),
                 "partition": r.partition,
                 "offset": r.offset,
                 "ts_ms": r.timestamp,
@@ -101,9 +123,23 @@ def replay(
     speed: float = 1.0,
     topic_map: Callable[[str], str] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    namespace: str = "",
 ) -> int:
-    """Produce the recording's records in order, keeping keys and (scaled) relative timing."""
+    """Produce the recording's records in order, keeping keys and (scaled) relative timing.
+
+    ``namespace``: into that topic namespace (its topics are created first); ``""``: the topics
+    as recorded (after ``topic_map``).
+    """
     from kafka import KafkaProducer
+
+    mapped = topic_map
+    if namespace:
+        create_topics(cfg, namespace=namespace)
+
+        def in_namespace(name: str) -> str:
+            return namespaced(topic_map(name) if topic_map else name, namespace)
+
+        mapped = in_namespace
 
     producer = KafkaProducer(**cfg.client_kwargs(), acks="all", linger_ms=5)
     sent = 0
@@ -120,7 +156,7 @@ def replay(
                 if wait > 0:
                     producer.flush()
                     sleep(wait)
-            topic = topic_map(rec["topic"]) if topic_map else rec["topic"]
+            topic = mapped(rec["topic"]) if mapped else rec["topic"]
             producer.send(topic, key=_dec(rec.get("key")), value=_dec(rec.get("value")))
             sent += 1
         producer.flush()

@@ -110,3 +110,22 @@ def topic_for(event: Event) -> Topic:
         if isinstance(event, t.event):
             return t
     raise KeyError(f"no topic carries {type(event).__name__}")
+
+
+def namespaced(name: str, namespace: str) -> str:
+    """The name of topic ``name`` in a topic namespace; ``""`` is the live namespace (the name itself).
+
+    A namespace (``shadow``: what ``trainguard replay`` writes by default) is a twin of every
+    topic, ``trainguard.<namespace>.<rest of the name>``, that live workers and the action service
+    never read.
+
+    >>> namespaced("trainguard.control.decisions", "shadow")
+    'trainguard.shadow.control.decisions'
+    >>> namespaced("trainguard.control.decisions", "")
+    'trainguard.control.decisions'
+    """
+    if not namespace:
+        return name
+    if not namespace.replace("-", "").replace("_", "").isalnum() or not namespace.isascii():
+        raise ValueError(f"topic namespace {namespace!r}: letters, digits, '-' and '_' only")
+    return f"{PREFIX}{namespace}.{name.removeprefix(PREFIX)}"

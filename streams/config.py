@@ -10,14 +10,24 @@ from detectors.decide import DecideConfig
 from detectors.job_monitor import MonitorConfig
 from detectors.node_inspector import HostThresholds
 from infra.sink import SinkConfig
+from schemas.topics import PREFIX, namespaced
 from schemas.typecheck import bounds
+
+DEFAULT_APP_ID = "trainguard-worker"
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     """One stream worker; several workers with the same ``app_id`` share the partitions."""
 
-    app_id: str = "trainguard-worker"
+    app_id: str = DEFAULT_APP_ID
+    #: topic namespace: "" reads and writes the live topics; a name (``shadow``: where
+    #: ``trainguard replay`` writes by default) maps every registry topic to its twin
+    #: ``trainguard.<namespace>.<rest>`` (:func:`schemas.topics.namespaced`), so the whole detection
+    #: path runs on a replayed stream beside the live one.  Such a worker never runs the ClickHouse
+    #: sink (the tables hold the live topics), and the default app id becomes
+    #: ``trainguard-worker-<namespace>`` (a consumer group of its own).
+    topic_namespace: str = ""
     #: where a new consumer group starts: "earliest" (process the retained history) or "latest".
     auto_offset_reset: str = "earliest"
     #: web server for /metrics and /healthz (Prometheus); 0 disables it.
@@ -46,3 +56,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")
+        if self.topic_namespace:
+            namespaced(PREFIX, self.topic_namespace)  # a ValueError for a name Kafka would refuse
+            object.__setattr__(self, "sink_enabled", False)
+            if self.app_id == DEFAULT_APP_ID:
+                object.__setattr__(self, "app_id", f"{DEFAULT_APP_ID}-{self.topic_namespace}")

@@ -11,6 +11,10 @@ No record stops an agent or a reader: each is handled in its own ``try``, and on
 (to decode, or later in its handling) is dead-lettered -- stage ``worker:<agent>`` --, logged
 once at ERROR with its coordinates, counted in ``trainguard_dead_letters_total{agent}``, and
 the consumer moves past it.  Only the broker being away is retried (:class:`Backoff`).
+
+Every topic a worker reads or writes is named through :meth:`WorkerContext.topic_name`: with
+``topic_namespace`` set (a shadow worker) each registry topic is replaced by its twin in that
+namespace, and records read there are decoded as their registry topic's events.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from infra.bus import coordinates, dead_letter_for, error_text, trace_of
 from infra.config import Settings
 from schemas.base import Event
 from schemas.codec import DecodeError, decode, encode
-from schemas.topics import BY_NAME, DEAD_LETTERS, Topic, topic_for
+from schemas.topics import DEAD_LETTERS, TOPICS, Topic, namespaced, topic_for
 from streams.config import WorkerConfig
 from streams.kafka_compat import aiokafka_kwargs
 from streams.metrics import WorkerMetrics
@@ -48,11 +52,23 @@ class WorkerContext:
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     #: (topic, partition) -> high watermark when first measured (baseline before any progress).
     first_highwater: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: the worker's topic namespace, fixed at start (a runtime config change does not move it).
+    namespace: str = field(init=False)
+    #: topic name in this worker's namespace -> registry topic.
+    registry: dict[str, Topic] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.namespace = self.cfg.topic_namespace
+        self.registry = {self.topic_name(t): t for t in TOPICS}
+
+    def topic_name(self, t: Topic) -> str:
+        """What ``t`` is called in this worker's topic namespace (the registry name when live)."""
+        return namespaced(t.name, self.namespace)
 
     def faust_topic(self, t: Topic) -> Any:
         if t.name not in self.topics:
             self.topics[t.name] = self.app.topic(
-                t.name,
+                self.topic_name(t),
                 key_type=bytes,
                 value_type=bytes,
                 key_serializer="raw",
@@ -67,7 +83,7 @@ class WorkerContext:
         if len(ts) == 1:
             return self.faust_topic(ts[0])
         return self.app.topic(
-            *(t.name for t in ts),
+            *(self.topic_name(t) for t in ts),
             key_type=bytes,
             value_type=bytes,
             key_serializer="raw",
@@ -85,7 +101,7 @@ class WorkerContext:
         """
         msg = event.message
         self.track(msg)
-        topic = BY_NAME.get(msg.topic)
+        topic = self.registry.get(msg.topic)
         try:
             return decode(event.value, expect=topic.event if topic else None)
         except Exception as exc:  # DecodeError, or any other decoder failure: the record's fault
@@ -98,7 +114,7 @@ class WorkerContext:
         """Publish a dead letter for ``msg`` (a Faust message or a consumer record) and count it.
 
         Never raises: the record is skipped either way (its coordinates are in the log)."""
-        if msg.topic == DEAD_LETTERS.name:
+        if msg.topic == self.topic_name(DEAD_LETTERS):
             log.error("garbage on the dead-letter topic itself at offset %s: %s", msg.offset, reason)
             return
         self.metrics.dead_letters.labels(agent).inc()
@@ -158,7 +174,7 @@ class WorkerContext:
         How far it got is the ``trainguard_follow_offset`` gauge (per partition, the offset of the
         next record to read: a record has been handled once the gauge has passed its offset).
         """
-        kafka, followed = self.settings.kafka, self.metrics.followed
+        kafka, followed, name_ = self.settings.kafka, self.metrics.followed, self.topic_name(topic)
 
         async def read(backoff: Backoff) -> None:
             from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -166,7 +182,7 @@ class WorkerContext:
             consumer = AIOKafkaConsumer(**aiokafka_kwargs(kafka), group_id=None, enable_auto_commit=False)
             await consumer.start()
             try:
-                parts = [TopicPartition(topic.name, p) for p in range(topic.partitions)]
+                parts = [TopicPartition(name_, p) for p in range(topic.partitions)]
                 consumer.assign(parts)
                 await consumer.seek_to_beginning(*parts)
                 backoff.reset()
@@ -176,7 +192,7 @@ class WorkerContext:
                         for rec in records:
                             await self.handle_followed(rec, handle, name)
                         if records:
-                            followed.labels(topic.name, str(tp.partition)).set(records[-1].offset + 1)
+                            followed.labels(name_, str(tp.partition)).set(records[-1].offset + 1)
             finally:
                 await consumer.stop()
 
@@ -189,7 +205,7 @@ class WorkerContext:
                     raise
                 except Exception as exc:  # the broker away: start over
                     delay = backoff.next_delay()
-                    log.warning("%s: reading %s failed (%s); retrying in %.1fs", name, topic.name, exc, delay)
+                    log.warning("%s: reading %s failed (%s); retrying in %.1fs", name, name_, exc, delay)
                     await asyncio.sleep(delay)
 
         follower.__name__ = f"follow_{name}"

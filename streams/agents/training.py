@@ -38,7 +38,7 @@ class Ownership:
         except Exception:  # consumer not started yet
             return True
         part = self.partition.get(job)
-        return part is None or (STEPS.name, part) in assigned
+        return part is None or (self.ctx.topic_name(STEPS), part) in assigned
 
 
 def register(ctx: WorkerContext, path: DetectionPath) -> None:
@@ -57,7 +57,7 @@ def register(ctx: WorkerContext, path: DetectionPath) -> None:
     @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def training(stream: Any) -> None:
         async for event in stream.events():
-            if event.message.topic == STEPS.name and isinstance(event.key, bytes):
+            if event.message.topic == ctx.topic_name(STEPS) and isinstance(event.key, bytes):
                 ownership.partition[event.key.decode(errors="replace")] = event.message.partition
             await ctx.guard(event, NAME, body)
 

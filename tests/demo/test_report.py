@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainguard_demo.report import build_summary, standby_readiness
+
 from infra.clickhouse.store import ClickHouseStore
 from schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
 from schemas.enums import Action, Severity
 from schemas.workload import TrainingStep
-from trainguard_demo.report import build_summary, standby_readiness
 
 T0 = 1_795_000_000_000
 JOB = "demo-report"

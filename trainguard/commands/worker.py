@@ -19,11 +19,25 @@ from trainguard.context import friendly_errors, settings
 @click.option(
     "--app-id", default=None, help="Consumer group / app id (workers with one id share partitions)."
 )
+@click.option(
+    "--namespace",
+    default=None,
+    help="Topic namespace, e.g. shadow (where `trainguard replay` writes by default): read and write "
+    "trainguard.<namespace>.* instead of the live topics, creating them if needed; no ClickHouse sink, "
+    "app id <app-id>-<namespace>. Overrides worker.topic_namespace.",
+)
 @click.option("--loglevel", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.pass_context
 @friendly_errors
-def worker(ctx: click.Context, web_port: int | None, app_id: str | None, loglevel: str) -> None:
-    """Run a stream worker: detections, decisions and the ClickHouse sink."""
+def worker(
+    ctx: click.Context, web_port: int | None, app_id: str | None, namespace: str | None, loglevel: str
+) -> None:
+    """Run a stream worker: detections, decisions and the ClickHouse sink.
+
+    With a topic namespace (--namespace shadow) it is a shadow worker: the whole detection path on
+    the replayed stream, its decisions on trainguard.<namespace>.control.decisions, which no
+    action service reads; nothing is written to ClickHouse.
+    """
     from dataclasses import replace
 
     import faust
@@ -32,10 +46,23 @@ def worker(ctx: click.Context, web_port: int | None, app_id: str | None, logleve
 
     s = settings(ctx)
     cfg = component_config(s, "worker", WorkerConfig)
+    if namespace is not None:
+        try:
+            cfg = replace(cfg, topic_namespace=namespace)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--namespace") from None
     if web_port is not None:
         cfg = replace(cfg, web_port=web_port)
     if app_id:
         cfg = replace(cfg, app_id=app_id)
+    if cfg.topic_namespace:
+        from infra.bus import create_topics
+
+        create_topics(s.kafka, namespace=cfg.topic_namespace)  # Faust must not auto-create them
+        click.echo(
+            f"shadow worker {cfg.app_id}: topics trainguard.{cfg.topic_namespace}.*, no ClickHouse sink",
+            err=True,
+        )
     built = build_app(s, cfg)
     faust.Worker(built.app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
 
