@@ -52,8 +52,20 @@ from actions.progress import ProgressStore
 from actions.recovery import RecoveryRunner
 from actions.state import InvalidStateTransition, RecoveryState
 from infra.backoff import Backoff
-from infra.bus import Batch, BusError, EventConsumer, EventProducer, coordinates, poisoned, seek_back
+from infra.bus import (
+    Batch,
+    BusError,
+    EventConsumer,
+    EventProducer,
+    authentic,
+    coordinates,
+    poisoned,
+    seek_back,
+    signer_for,
+    verifier_for,
+)
 from infra.config import Settings
+from infra.signing import AuthError
 from schemas.base import now_ms
 from schemas.codec import decode, encode
 from schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
@@ -166,6 +178,7 @@ class JobsFollower:
         wanted: Callable[[str], bool],
         reject: Reject | None = None,
         dated: Callable[[int], None] | None = None,
+        verifier: Any = None,
     ) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
@@ -173,6 +186,8 @@ class JobsFollower:
         #: raises for a spec dated too far in the future (a wrong clock or a forged spec would
         #: otherwise win "latest spec wins" over every real one to come).
         self.dated = dated or (lambda _ts: None)
+        #: a spec decides where a job runs: one whose signature fails is dead-lettered (``auth``).
+        self.verifier = verifier
         self.reject: Reject = reject or _log_only
         self.consumer = KafkaConsumer(
             **settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
@@ -195,6 +210,10 @@ class JobsFollower:
         return seen
 
     def _handle(self, r: Any) -> int:
+        why = authentic(self.verifier, r)
+        if why:
+            self.reject(r, "auth", AuthError(why))
+            return 0
         try:
             spec = decode(r.value, expect=JobSpec)
         except Exception as exc:
@@ -243,7 +262,11 @@ class ActionService:
         self.store = ProgressStore(self.dir / "progress.sqlite")
         env = ExecutorEnv(state_dir=self.dir / "executor", kafka_bootstrap=settings.kafka.bootstrap_servers)
         self.executor = executor or create_executor(cfg.executor, cfg.executor_options, env)
-        self.producer = producer or EventProducer(settings.kafka, linger_ms=0)
+        self.producer = producer or EventProducer(
+            settings.kafka, linger_ms=0, signer=signer_for(settings, "actions")
+        )
+        #: decisions and job specs are acted on only with a valid signature (None: signing off).
+        self.verifier = verifier_for(settings)
         self.publisher = KafkaPublisher(self.producer)
         self.stop_event = threading.Event()
         self.runner = RecoveryRunner(
@@ -281,6 +304,7 @@ class ActionService:
             [DECISIONS.name],
             self.cfg.consumer_group,
             producer=self.producer,
+            verifier=self.verifier,
             session_timeout_ms=10_000,
             max_poll_records=500,
         )
@@ -290,6 +314,7 @@ class ActionService:
             self.wanted,
             self.reject,
             dated=lambda ts: check_dated(ts, self.clock(), self.cfg, "job spec"),
+            verifier=self.verifier,
         )
 
     def run(self, stop: threading.Event | None = None) -> None:

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.config import KafkaConfig
+from infra.config import KafkaConfig, Settings
+from infra.signing import SIGNED_TOPICS, AuthError, Signer, Verifier
 from schemas.base import Event, now_ms
 from schemas.codec import DecodeError, decode, encode
 from schemas.control import DeadLetter
@@ -69,13 +70,49 @@ def create_topics(cfg: KafkaConfig, topics: Iterable[Topic] = TOPICS, namespace:
         admin.close()
 
 
+def signer_for(settings: Settings, principal: str) -> Signer | None:
+    """The signer of a process acting as ``principal`` (None when signing is off)."""
+    cfg = settings.signing
+    if not cfg.enabled:
+        return None
+    return Signer.load(cfg, settings.stack.home_path, cfg.principal or principal)
+
+
+def verifier_for(settings: Settings) -> Verifier | None:
+    """The verifier of the control-plane topics (None when signing is off)."""
+    cfg = settings.signing
+    return Verifier.load(cfg, settings.stack.home_path) if cfg.enabled else None
+
+
+def authentic(verifier: Verifier | None, record: Any) -> str:
+    """ "" when ``record`` may be acted on, else why not (its signature failed verification).
+
+    Records of unsigned topics (telemetry) and every record when signing is off pass."""
+    if verifier is None or record.topic not in SIGNED_TOPICS:
+        return ""
+    try:
+        verifier.verify(
+            record.topic,
+            record.key,
+            record.value,
+            record.headers,
+            now_ms(),
+            (record.topic, record.partition, record.offset),
+        )
+    except AuthError as exc:
+        return str(exc)
+    return ""
+
+
 @dataclass
 class EventProducer:
-    """Publishes events to their registry topic with the registry key (kafka-python)."""
+    """Publishes events to their registry topic with the registry key (kafka-python); control-plane
+    records (:data:`~infra.signing.SIGNED_TOPICS`) are signed when a ``signer`` is given."""
 
     cfg: KafkaConfig
     linger_ms: int = 20
     extra: dict[str, Any] = field(default_factory=dict)
+    signer: Signer | None = None
     _producer: Any = None
 
     def __post_init__(self) -> None:
@@ -97,7 +134,11 @@ class EventProducer:
     def send(self, event: Event, topic: Topic | None = None) -> Any:
         """Queue ``event``; returns kafka-python's future (``.get()`` blocks until acked)."""
         t = topic or topic_for(event)
-        return self._producer.send(t.name, key=t.key_of(event), value=encode(event))
+        key, value = t.key_of(event), encode(event)
+        headers = None
+        if self.signer is not None and t.name in SIGNED_TOPICS:
+            headers = self.signer.headers(t.name, key, value)
+        return self._producer.send(t.name, key=key, value=value, headers=headers)
 
     def send_raw(self, topic: str, value: bytes | None, key: bytes | None = None) -> Any:
         return self._producer.send(topic, key=key, value=value)
@@ -231,6 +272,7 @@ class EventConsumer:
         topics: list[str],
         group_id: str,
         producer: EventProducer | None = None,
+        verifier: Verifier | None = None,
         **kw: Any,
     ) -> None:
         from kafka import KafkaConsumer
@@ -238,6 +280,8 @@ class EventConsumer:
 
         self.cfg = cfg
         self.producer = producer
+        #: records of signed topics that fail verification become dead letters (stage ``auth``).
+        self.verifier = verifier
         options: dict[str, Any] = {
             "group_id": group_id,
             "enable_auto_commit": False,
@@ -267,6 +311,11 @@ class EventConsumer:
         sources: list[Any] = []
         for recs in records.values():
             for rec in recs:
+                why = authentic(self.verifier, rec)
+                if why:
+                    log.warning("auth: dead-lettering %s: %s", coordinates(rec), why)
+                    dead.append(dead_letter_for(rec, why, "auth"))
+                    continue
                 out = decode_record(rec)
                 if isinstance(out, DeadLetter) and rec.topic != DEAD_LETTERS.name:
                     dead.append(out)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from infra.signing import SigningConfig
 from schemas.config import ConfigError, load_config, load_yaml_file
 from schemas.typecheck import bounds
 
@@ -227,6 +228,8 @@ class Settings:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     clickhouse: ClickHouseConfig = field(default_factory=ClickHouseConfig)
     stack: StackConfig = field(default_factory=StackConfig)
+    #: signatures on the control-plane topics (decisions, job specs, commands, worker control).
+    signing: SigningConfig = field(default_factory=SigningConfig)
     #: raw component sections of the YAML file, validated by :func:`component_config`.
     components: dict[str, Any] = field(default_factory=dict)
     #: the environment the settings were loaded from (component env overrides come from it).

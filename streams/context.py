@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.backoff import Backoff
-from infra.bus import coordinates, dead_letter_for, error_text, trace_of
+from infra.bus import authentic, coordinates, dead_letter_for, error_text, signer_for, trace_of, verifier_for
 from infra.config import Settings
+from infra.signing import SIGNED_TOPICS
 from schemas.base import Event
 from schemas.codec import DecodeError, decode, encode
 from schemas.topics import DEAD_LETTERS, TOPICS, Topic, namespaced, topic_for
@@ -60,6 +61,10 @@ class WorkerContext:
     def __post_init__(self) -> None:
         self.namespace = self.cfg.topic_namespace
         self.registry = {self.topic_name(t): t for t in TOPICS}
+        # Decisions and capture commands go out signed; decisions, job specs and control
+        # commands come in verified (both None when signing is off).
+        self.signer = signer_for(self.settings, "worker")
+        self.verifier = verifier_for(self.settings)
 
     def topic_name(self, t: Topic) -> str:
         """What ``t`` is called in this worker's topic namespace (the registry name when live)."""
@@ -102,6 +107,11 @@ class WorkerContext:
         msg = event.message
         self.track(msg)
         topic = self.registry.get(msg.topic)
+        why = authentic(self.verifier, msg)
+        if why:  # never acted on; the sink still stores it (a forged record is evidence too)
+            log.warning("%s: not authentic, dead-lettering %s: %s", agent, coordinates(msg), why)
+            await self.dead_letter(msg, why, agent, "auth")
+            return None
         try:
             return decode(event.value, expect=topic.event if topic else None)
         except Exception as exc:  # DecodeError, or any other decoder failure: the record's fault
@@ -135,7 +145,12 @@ class WorkerContext:
 
     async def emit(self, ev: Event, topic: Topic | None = None) -> None:
         t = topic or topic_for(ev)
-        await self.faust_topic(t).send(key=t.key_of(ev), value=encode(ev))
+        key, value = t.key_of(ev), encode(ev)
+        name = self.topic_name(t)
+        headers = None
+        if self.signer is not None and name in SIGNED_TOPICS:
+            headers = self.signer.headers(name, key, value)
+        await self.faust_topic(t).send(key=key, value=value, headers=headers)
 
     async def guard(self, event: Any, agent: str, body: Callable[[Event], Awaitable[None]]) -> None:
         """Decode one event and run ``body`` on it; any exception dead-letters the event."""
@@ -154,6 +169,11 @@ class WorkerContext:
         fail again after any restart): dead-letter it at ``worker:<name>`` and go on.  A
         :class:`DecodeError` is garbage, logged here with its coordinates and dead-lettered by
         the sink (which reads every topic) or, without a sink, here at stage ``decode``."""
+        why = authentic(self.verifier, rec)
+        if why:
+            log.warning("%s: not authentic, dead-lettering %s: %s", name, coordinates(rec), why)
+            await self.dead_letter(rec, why, name, "auth")
+            return
         try:
             handle(rec.value)
         except DecodeError as exc:

@@ -67,7 +67,7 @@ def push_buggy_code(settings: Settings, cluster_dir: Path, job: str, version: st
     """A bad code push, the way operators push code: an urgent code update through the action
     service (which records it, so a rollback knows where to go back to)."""
     from actions.plans import CodeUpdate
-    from infra.bus import EventProducer
+    from infra.bus import EventProducer, signer_for
     from schemas.base import now_ms
     from schemas.control import stable_id
     from schemas.topics import DECISIONS
@@ -78,7 +78,7 @@ def push_buggy_code(settings: Settings, cluster_dir: Path, job: str, version: st
     decision = CodeUpdate(version, urgent=True, previous=previous).decision(
         job, stable_id("code-update", job, version, ts), ts
     )
-    producer = EventProducer(settings.kafka)
+    producer = EventProducer(settings.kafka, signer=signer_for(settings, "operator"))
     try:
         producer.send(decision, DECISIONS).get(timeout=30)
     finally:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
-from infra.bus import EventProducer
+from infra.bus import EventProducer, signer_for
 from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings
 from infra.stack.manager import Stack
@@ -230,7 +230,8 @@ class Demo:
         (self.cluster / "jobs" / f"{self.job}.json").write_text(spec.to_json())
         for machine in machines + standbys:  # each machine's zygote forks its warm pools (see zygote)
             start_zygote(self.cluster, machine)
-        producer = EventProducer(self.settings.kafka)
+        # The demo starts the job as its operator would: the spec goes out signed.
+        producer = EventProducer(self.settings.kafka, signer=signer_for(self.settings, "operator"))
         producer.send(
             JobSpec(job=self.job, ts_ms=now_ms(), topology=spec.topology(), standbys=standbys), JOBS
         )

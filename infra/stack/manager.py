@@ -10,11 +10,13 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from infra.bus import create_topics
 from infra.clickhouse.store import ClickHouseStore, StoreError
 from infra.config import Settings
+from infra.signing import init_keys
 from infra.stack.clickhouse import ClickHouseServer, ping
 from infra.stack.kafka import KafkaServer, broker_reachable
 from infra.stack.procs import StackError
@@ -25,6 +27,8 @@ class UpReport:
     started: list[str] = field(default_factory=list)
     topics_created: list[str] = field(default_factory=list)
     migrations_applied: list[str] = field(default_factory=list)
+    #: principal -> key id of the embedded stack's signing keys (created when missing).
+    keys: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -63,6 +67,11 @@ class Stack:
             report.migrations_applied = [f"{m.version:04d}_{m.name}" for m in store.migrate()]
         finally:
             store.close()
+        # The embedded stack's processes all share this home: one key set for every principal,
+        # so turning `signing.enabled` on needs no other step here (a real cluster gives each
+        # role its own key: `trainguard keys init` per machine, public keys in trusted.yaml).
+        keys_dir = Path(self.settings.signing.keys_dir or self.settings.stack.home_path / "keys")
+        report.keys = init_keys(keys_dir)
         report.seconds = time.monotonic() - t0
         return report
 

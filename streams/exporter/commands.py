@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from infra.backoff import Backoff
-from infra.bus import EventProducer, coordinates, decode_record, poisoned
+from infra.bus import EventProducer, authentic, coordinates, decode_record, poisoned
 from infra.config import KafkaConfig
+from infra.signing import AuthError, Verifier
 from schemas.base import now_ms
 from schemas.control import Command, DeadLetter
 from schemas.telemetry import SourceHealth
@@ -113,8 +114,11 @@ class CommandListener:
         cfg: CommandsConfig,
         handle: Callable[[Command], None],
         dead_letter: Callable[[DeadLetter], None] | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.kafka, self.node, self.job, self.cfg, self.handle = kafka, node, job, cfg, handle
+        #: a command whose signature fails is dead-lettered (stage ``auth``), never run.
+        self.verifier = verifier
         self._publish_dead_letter = dead_letter
         self._producer: EventProducer | None = None
         #: set once the consumer owns its partitions and knows where it starts reading.
@@ -212,6 +216,9 @@ class CommandListener:
             self._reject(rec, exc)
 
     def _dispatch(self, rec: Any) -> None:
+        why = authentic(self.verifier, rec)
+        if why:
+            raise AuthError(f"not authentic: {why}")  # dead-lettered by dispatch
         cmd = decode_record(rec)
         if isinstance(cmd, DeadLetter):
             self._fail(f"undecodable command at {coordinates(rec)}: {cmd.reason}", error=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import KafkaConfig
+from infra.signing import Verifier
 from schemas.base import now_ms
 from schemas.control import Command, CommandKind
 from schemas.telemetry import SourceHealth
@@ -28,7 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class ExporterService:
-    def __init__(self, cfg: ExporterConfig, kafka: KafkaConfig, *, nvml: Any = None) -> None:
+    def __init__(
+        self, cfg: ExporterConfig, kafka: KafkaConfig, *, nvml: Any = None, verifier: Verifier | None = None
+    ) -> None:
         self.cfg = cfg
         state = Path(cfg.state_dir)
         d = cfg.delivery
@@ -44,7 +47,7 @@ class ExporterService:
             self.delivery.publish,
         )
         self.commands = (
-            CommandListener(kafka, cfg.node_name, cfg.job, cfg.commands, self.handle)
+            CommandListener(kafka, cfg.node_name, cfg.job, cfg.commands, self.handle, verifier=verifier)
             if cfg.commands.enabled
             else None
         )

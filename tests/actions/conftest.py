@@ -84,7 +84,13 @@ class Running:
 def start_service(stack_settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
-    def start(jobs: list[str], dry_run: DryRunConfig | None = None, **overrides: Any) -> Running:
+    def start(
+        jobs: list[str],
+        dry_run: DryRunConfig | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Running:
+        settings = settings or stack_settings
         cfg = ActionsConfig(
             group_id=unique("tg-actions-test"),
             jobs=jobs,
@@ -95,12 +101,12 @@ def start_service(stack_settings: Settings, tmp_path: Path) -> Iterator[Callable
         )
         env = ExecutorEnv(state_dir=tmp_path / "actions" / "executor")
         executor = DryRunExecutor(dry_run or DryRunConfig(), env)
-        service = ActionService(stack_settings, cfg, executor=executor)
+        service = ActionService(settings, cfg, executor=executor)
         service.start_consuming()
         stop = threading.Event()
         thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
         thread.start()
-        run = Running(service, executor, thread, stop, stack_settings)
+        run = Running(service, executor, thread, stop, settings)
         started.append(run)
         return run
 

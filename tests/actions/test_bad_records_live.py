@@ -28,7 +28,7 @@ from actions.progress import Recovery
 from actions.service import ActionService
 from actions.state import RecoveryState
 from infra.backoff import Backoff
-from infra.bus import EventProducer, create_topics
+from infra.bus import EventProducer, create_topics, signer_for
 from infra.config import Settings, load_settings
 from infra.stack.kafka import KafkaServer
 from schemas.base import Event, now_ms
@@ -75,7 +75,7 @@ def dead_letters(w: Watcher, key: str, n: int) -> list[DeadLetter]:
 
 def produce(settings: Settings, event: Event) -> tuple[int, int]:
     """Send ``event`` and return the (partition, offset) it was written at."""
-    p = EventProducer(settings.kafka)
+    p = EventProducer(settings.kafka, signer=signer_for(settings, "operator"))
     try:
         md = p.send(event).get(timeout=30)
     finally:

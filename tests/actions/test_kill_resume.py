@@ -16,7 +16,7 @@ import yaml
 from actions.config import ActionsConfig
 from actions.progress import ProgressStore
 from actions.state import RecoveryState
-from infra.bus import EventProducer
+from infra.bus import EventProducer, signer_for
 from infra.config import Settings
 from schemas.control import ActionEvent, ActionPhase, JobSpec
 from schemas.enums import Action
@@ -125,7 +125,7 @@ def test_sigkill_mid_recovery_then_restart_completes_it_once(
         )
         assert isinstance(done, ActionEvent)
         # Redelivered after the restart: a no-op, once the service has consumed (committed) it.
-        producer = EventProducer(stack_settings.kafka)
+        producer = EventProducer(stack_settings.kafka, signer=signer_for(stack_settings, "operator"))
         again = producer.send(d).get(timeout=30)
         producer.close()
         offsets = CommittedOffsets(stack_settings, ActionsConfig(group_id=group, jobs=[job]).consumer_group)

@@ -9,13 +9,15 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from infra.bus import EventProducer
+from infra.bus import EventProducer, signer_for
 from infra.config import KafkaConfig, Settings
+from infra.signing import Signer, SigningConfig, Verifier, init_keys
 from schemas.base import now_ms
 from schemas.codec import encode
 from schemas.control import Command, CommandKind, DeadLetter
@@ -133,7 +135,7 @@ def test_a_poison_command_on_the_real_broker_is_dead_lettered_and_the_next_one_h
     listener.start()
     try:
         assert listener.ready.wait(60), "command consumer never got its partitions"
-        producer = EventProducer(stack_settings.kafka)
+        producer = EventProducer(stack_settings.kafka, signer=signer_for(stack_settings, "operator"))
         for c in (command("poison-3", node=node), command("ok-3", node=node)):
             producer.send(c, COMMANDS).get(timeout=30)
         producer.close()
@@ -145,3 +147,36 @@ def test_a_poison_command_on_the_real_broker_is_dead_lettered_and_the_next_one_h
     finally:
         listener.stop()
         dead.close()
+
+
+def test_with_signing_on_only_commands_signed_by_a_trusted_role_run(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    init_keys(keys)
+    cfg = SigningConfig(enabled=True, keys_dir=str(keys))
+    operator, worker = Signer.load(cfg, tmp_path, "operator"), Signer.load(cfg, tmp_path, "worker")
+    r = Recorder()
+    listener = CommandListener(
+        KafkaConfig(), NODE, "", CommandsConfig(), r.handle, dead_letter=r.dead.append,
+        verifier=Verifier.load(cfg, tmp_path),
+    )  # fmt: skip
+
+    def signed(cid: str, signer: Signer, offset: int) -> Any:
+        value = encode(command(cid))
+        rec = record(value, offset)
+        rec.headers = signer.headers(COMMANDS.name, NODE.encode(), value)
+        return rec
+
+    by_operator = signed("ok-operator", operator, 1)
+    listener.dispatch(by_operator)
+    listener.dispatch(signed("ok-worker", worker, 2))  # the stream workers' capture commands
+    unsigned = record(encode(command("unsigned")), 3)
+    unsigned.headers = []
+    listener.dispatch(unsigned)
+    tampered = signed("tampered", operator, 4)
+    tampered.value = tampered.value.replace(b"host", b"gpu")
+    listener.dispatch(tampered)
+    listener.dispatch(SimpleNamespace(**{**vars(by_operator), "offset": 9}))  # the same record, replayed
+    assert r.handled == ["ok-operator", "ok-worker"]
+    assert [d.stage for d in r.dead] == [STAGE] * 3
+    reasons = " | ".join(d.reason for d in r.dead).lower()
+    assert "unsigned" in reasons and "signature" in reasons and "replayed" in reasons

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.bus import EventProducer, create_topics
+from infra.bus import EventProducer, create_topics, signer_for
 from infra.config import Settings, load_settings
 from infra.stack.kafka import KafkaServer
 from schemas.base import Event, now_ms
@@ -71,7 +71,7 @@ def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path,
         lines = [e for e in first + later if isinstance(e, LogLine)]
         assert len(lines) == len({e.seq for e in lines}) == 19
         # runtime interval change through the command topic
-        producer = EventProducer(stack_settings.kafka)
+        producer = EventProducer(stack_settings.kafka, signer=signer_for(stack_settings, "operator"))
         cmd = Command(
             command_id=uuid.uuid4().hex,
             ts_ms=now_ms(),

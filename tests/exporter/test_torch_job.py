@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.bus import EventProducer
+from infra.bus import EventProducer, signer_for
 from infra.config import Settings
 from schemas.base import Event, now_ms
 from schemas.control import Command, CommandKind
@@ -102,7 +102,7 @@ def test_torch_job_steps_and_stack_capture(stack_settings: Settings, tmp_path: P
         wait_until(workers_up, 60, "a dataloader worker of every rank", interval_s=0.2)
         assert service.commands is not None and service.commands.ready.wait(30)
         capture = uuid.uuid4().hex
-        producer = EventProducer(stack_settings.kafka)
+        producer = EventProducer(stack_settings.kafka, signer=signer_for(stack_settings, "operator"))
         producer.send(
             Command(
                 # The aggregator sends one command per machine, all under one capture id.

@@ -30,7 +30,7 @@ class FakeTopic:
     def __init__(self, name: str, sent: list[tuple[str, bytes]]) -> None:
         self.name, self.sent = name, sent
 
-    async def send(self, key: Any = None, value: bytes = b"") -> None:
+    async def send(self, key: Any = None, value: bytes = b"", headers: Any = None) -> None:
         self.sent.append((self.name, value))
 
 

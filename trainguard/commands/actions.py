@@ -180,13 +180,14 @@ def resume(ctx: click.Context) -> None:
 def code_update(ctx: click.Context, job: str, version: str, urgent: bool, previous: str, reason: str) -> None:
     """Request a code change for a job (prints the decision id)."""
     from actions.plans import CodeUpdate
-    from infra.bus import EventProducer
+    from infra.bus import EventProducer, signer_for
     from schemas.topics import DECISIONS
 
     decision = CodeUpdate(version, urgent=urgent, previous=previous).decision(
         job, uuid.uuid4().hex, now_ms(), reason
     )
-    producer = EventProducer(settings(ctx).kafka)
+    s = settings(ctx)
+    producer = EventProducer(s.kafka, signer=signer_for(s, "operator"))
     try:
         producer.send(decision, DECISIONS).get(timeout=30)
     finally:

@@ -129,9 +129,11 @@ def run_exporter(
             out.write(json.dumps(to_dict(event), separators=(",", ":")) + "\n")
         runner.stop()
         return
+    from infra.bus import verifier_for
     from streams.exporter.service import ExporterService
 
-    service = ExporterService(cfg, settings(ctx).kafka, nvml=nvml)
+    s = settings(ctx)
+    service = ExporterService(cfg, s.kafka, nvml=nvml, verifier=verifier_for(s))
     if once:
         events = service.exporter.run_once()
         service.delivery.start()

@@ -383,7 +383,7 @@ def set_threshold(ctx: click.Context, path: str, value: str, app_id: str, namesp
 
     import yaml
 
-    from infra.bus import EventProducer
+    from infra.bus import EventProducer, signer_for
     from schemas.base import now_ms
     from schemas.control import Command, CommandKind
     from schemas.topics import CONTROL
@@ -402,7 +402,8 @@ def set_threshold(ctx: click.Context, path: str, value: str, app_id: str, namesp
         topic = replace(CONTROL, name=namespaced(CONTROL.name, namespace))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--namespace") from None
-    producer = EventProducer(settings(ctx).kafka)
+    s = settings(ctx)
+    producer = EventProducer(s.kafka, signer=signer_for(s, "operator"))
     producer.send(cmd, topic)
     producer.flush()
     producer.close()
