@@ -8,12 +8,29 @@ an Xid 79 line for a fresh node is produced; its latency is the time until the e
 arrives on the decisions topic.  The worker "keeps up" when its consumer lag (from its
 /metrics) stays bounded: the lag at the end is below 2 s worth of input.
 
+Cost, not only keep-up (a shared machine makes "keeps up" depend on what else runs): over the
+measured window (from --warmup seconds into the load to the end of a 3 s drain) the worker's own
+CPU time (``/proc/<pid>/stat`` utime+stime: all its threads) per 1,000 input messages it consumed
+(those sent less what its consumer lag grew by), and the load generator's (this process: its
+producer, watcher and /metrics polling threads) per 1,000 sent.  The generator and py-spy run on
+the other cores (sched_setaffinity), never on the worker's; the output says which, and how much
+of the worker's core other processes took in the window ("others on core").  With ``--profile``
+(the default) ``py-spy record --gil`` samples the worker during the window -- a sample is the
+thread holding the GIL, so samples / rate tracks its CPU time, printed as a check -- and the
+samples are split into stages by the innermost frame matching the table in
+``bench/worker_cost.py``: each stage's share of the samples, and that share of the worker's CPU
+per 1,000 messages.  ``--json`` prints one object (the levels, their cost and profiles) on stdout
+and the tables on stderr.
+
     python bench/stream_load.py --machines 300,600,1200 [--seconds 60] [--step-interval 10]
+                                [--warmup 5] [--no-profile] [--json] [--worker-core 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import re
 import shutil
@@ -24,7 +41,11 @@ import threading
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from worker_cost import STAGES, Profile, Profiler, core_busy_seconds, cpu_seconds
 
 from infra.config import load_settings
 from schemas.base import now_ms
@@ -55,7 +76,7 @@ def lag_of(port: int) -> float:
     return sum(float(m) for m in re.findall(r"^trainguard_consumer_lag\{[^}]*\} (\S+)$", text, re.M))
 
 
-def start_worker(port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(port: int, log: Path, core: int | None) -> subprocess.Popen[bytes]:
     exe = str(Path(sys.executable).with_name("trainguard"))
     argv = [
         exe,
@@ -67,8 +88,8 @@ def start_worker(port: int, log: Path) -> subprocess.Popen[bytes]:
         "--loglevel",
         "error",
     ]
-    if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
-        argv = ["taskset", "-c", "1", *argv]
+    if core is not None:
+        argv = ["taskset", "-c", str(core), *argv]  # taskset execs: the pid is the worker's
     env = {**os.environ, "TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "latest"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -82,14 +103,24 @@ def start_worker(port: int, log: Path) -> subprocess.Popen[bytes]:
     raise RuntimeError(f"worker did not start; see {log}")
 
 
-def run(machines: int, seconds: float, step_interval: float, port: int) -> dict[str, float]:
+def run(
+    machines: int,
+    seconds: float,
+    step_interval: float,
+    port: int,
+    core: int | None,
+    others: str,
+    profile: bool,
+    rate: int,
+    warmup: float,
+) -> dict[str, Any]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     settings = load_settings()
     job = f"bench-{uuid.uuid4().hex[:6]}"
     nodes = [f"{job}-n{i:05d}" for i in range(machines)]
     log = Path(f"/tmp/trainguard-bench-worker-{machines}.log")
-    worker = start_worker(port, log)
+    worker = start_worker(port, log, core)
     producer = KafkaProducer(**settings.kafka.client_kwargs(), linger_ms=20, compression_type="gzip", acks=1)
     injected: dict[str, float] = {}
     latencies: list[float] = []
@@ -127,12 +158,20 @@ def run(machines: int, seconds: float, step_interval: float, port: int) -> dict[
         )
         for g in range(8)
     ]
+    drain_s = 3.0
     t_start = time.monotonic()
+    win: Mark | None = None  # the measured window starts after the warm-up ...
+    prof: Profiler | None = None
     tick = 0
     lags = []
     sent = 0
+    xids = 0
     while time.monotonic() - t_start < seconds:
         t_tick = time.monotonic()
+        if win is None and t_tick - t_start >= warmup:
+            win = mark(worker.pid, core, sent + xids, port)
+            if profile:
+                prof = Profiler(worker.pid, seconds - warmup + drain_s, rate, others, ("--gil",))
         ts = now_ms()
         for i, node in enumerate(nodes):  # spread each source over its interval, 1 s ticks
             if i % 10 == tick % 10:
@@ -216,18 +255,22 @@ def run(machines: int, seconds: float, step_interval: float, port: int) -> dict[
                 key=node.encode(),
                 value=encode(LogLine(node=node, ts_ms=ts, source="kernel", line=XID, seq=tick, job=job)),
             )
+            xids += 1
         producer.flush()
         lags.append(lag_of(port))
         tick += 1
         time.sleep(max(0.0, 1.0 - (time.monotonic() - t_tick)))
-    time.sleep(3)
-    final_lag = lag_of(port)
+    time.sleep(drain_s)  # ... and ends after the drain
+    end = mark(worker.pid, core, sent + xids, port)
     stop.set()
     watcher.join(5)
+    profiled = prof.finish() if prof else None
     worker.terminate()
     worker.wait(20)
     producer.close()
     lat = sorted(latencies)
+    final_lag = end.lag
+    cost = window_cost(win or end, end)
     return {
         "machines": machines,
         "msgs_per_s": per_s,
@@ -238,7 +281,93 @@ def run(machines: int, seconds: float, step_interval: float, port: int) -> dict[
         "xid_p50_s": statistics.median(lat) if lat else float("nan"),
         "xid_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
         "xid_lost": len(injected),
+        **cost,
+        "profile": profile_dict(profiled, cost, rate) if profiled else None,
     }
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The counters at one end of the measured window."""
+
+    t: float
+    worker_cpu_s: float
+    generator_cpu_s: float
+    #: busy seconds of the worker's core (all processes); NaN when the worker is not pinned.
+    core_busy_s: float
+    produced: int
+    lag: float
+
+
+def mark(pid: int, core: int | None, produced: int, port: int) -> Mark:
+    return Mark(
+        time.monotonic(),
+        cpu_seconds(pid),
+        time.process_time(),  # this process, all its threads: producer, watcher, lag polling
+        core_busy_seconds(core) if core is not None else math.nan,
+        produced,
+        lag_of(port),
+    )
+
+
+def window_cost(a: Mark, b: Mark) -> dict[str, float]:
+    """CPU over the window: the worker's per 1,000 messages it consumed, the generator's per 1,000 sent."""
+    wall = b.t - a.t
+    produced = b.produced - a.produced
+    grew = b.lag - a.lag if not (math.isnan(a.lag) or math.isnan(b.lag)) else 0.0
+    consumed = max(1.0, produced - max(0.0, grew))  # input less what the consumer's lag grew by
+    cpu, gen = b.worker_cpu_s - a.worker_cpu_s, b.generator_cpu_s - a.generator_cpu_s
+    return {
+        "window_s": wall,
+        "produced": produced,
+        "consumed": consumed,
+        "worker_cpu_s": cpu,
+        "worker_core_util_pct": 100 * cpu / wall,
+        "worker_cpu_ms_per_1k": 1e6 * cpu / consumed,
+        "generator_cpu_s": gen,
+        "generator_cpu_ms_per_1k": 1e6 * gen / max(1, produced),
+        # what else ran on the worker's core (its busy time less the worker's own CPU)
+        "worker_core_others_pct": 100 * max(0.0, b.core_busy_s - a.core_busy_s - cpu) / wall,
+    }
+
+
+def profile_dict(p: Profile, cost: dict[str, float], rate: int) -> dict[str, Any]:
+    """Per stage: samples, share of them, and that share of the worker's CPU per 1,000 messages.
+
+    py-spy runs with ``--gil``: a sample is the thread holding the GIL, so samples / rate is the
+    worker's Python CPU time; ``gil_coverage_pct`` says how much of the measured CPU that is (the
+    rest: syscalls and C code that releases the GIL, zlib for one, spread over the stages here)."""
+    if not p.samples:
+        return {"samples": 0, "profiler_cpu_s": p.profiler_cpu_s, "errors": p.errors, "stages": {}}
+    ms_per_1k, total = cost["worker_cpu_ms_per_1k"], p.samples
+    stages = {}
+    for name, n in p.stages.most_common():
+        threads = {c: k for (st, c), k in p.stage_components.most_common() if st == name}
+        stages[name] = {
+            "samples": n,
+            "pct": 100 * n / total,
+            "cpu_ms_per_1k": ms_per_1k * n / total,
+            "threads_pct": {c: 100 * k / n for c, k in threads.items()},
+        }
+    return {
+        "samples": total,
+        "gil_coverage_pct": 100 * total / rate / cost["worker_cpu_s"] if cost["worker_cpu_s"] else None,
+        "profiler_cpu_s": p.profiler_cpu_s,
+        "errors": p.errors,
+        "stages": stages,
+        "threads_pct": {k: 100 * n / total for k, n in p.components.most_common()},
+        "top_leaves_pct": {k: 100 * n / total for k, n in p.leaves.most_common(15)},
+    }
+
+
+def cores(worker_core: int) -> tuple[int | None, str]:
+    """(the worker's core or None, the other cores as a taskset list); pins this process there."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2 or worker_core not in allowed or not shutil.which("taskset"):
+        return None, ",".join(map(str, allowed))
+    others = [c for c in allowed if c != worker_core]
+    os.sched_setaffinity(0, others)  # before any thread starts: the producer's and watcher's too
+    return worker_core, ",".join(map(str, others))
 
 
 def main() -> None:
@@ -247,15 +376,129 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--step-interval", type=float, default=10)
     ap.add_argument("--web-port", type=int, default=16300)
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=5,
+        help="seconds of load before the CPU/profile window starts (lazy imports, first inserts)",
+    )
+    ap.add_argument("--worker-core", type=int, default=1, help="core the worker is pinned to (default 1)")
+    ap.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sample the worker with py-spy and split its CPU into stages (default on)",
+    )
+    ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     args = ap.parse_args()
-    print("machines  input msg/s  keeps_up  final_lag  max_lag  xid->decision p50   p99   (not decided)")
+    if not 0 <= args.warmup < args.seconds:
+        ap.error("--warmup must be shorter than --seconds")
+    core, others = cores(args.worker_core)
+    out = sys.stderr if args.json else sys.stdout
+    where = f"core {core} (taskset)" if core is not None else "not pinned (fewer than 2 cores or no taskset)"
+    print(
+        f"worker: {where}; load generator{' and py-spy' if args.profile else ''}: cores {others}; "
+        f"{args.seconds:g} s per level + 3 s drain",
+        file=out,
+    )
+    print(
+        "machines  input msg/s  keeps_up  final_lag  max_lag  xid->decision p50   p99   (not decided)"
+        "  worker CPU ms/1k msgs  core util  others on core  generator CPU ms/1k",
+        file=out,
+        flush=True,
+    )
+    results = []
     for n in [int(x) for x in args.machines.split(",")]:
-        r = run(n, args.seconds, args.step_interval, args.web_port)
+        r = run(
+            n,
+            args.seconds,
+            args.step_interval,
+            args.web_port,
+            core,
+            others,
+            args.profile,
+            args.profile_rate,
+            args.warmup,
+        )
+        results.append(r)
         print(
             f"{n:8d}  {r['msgs_per_s']:11.0f}  {'yes' if r['keeps_up'] else 'NO':8}  {r['final_lag']:9.0f}  "
-            f"{r['max_lag']:7.0f}  {r['xid_p50_s']:17.2f}s {r['xid_p99_s']:5.2f}s  {r['xid_lost']:d}",
+            f"{r['max_lag']:7.0f}  {r['xid_p50_s']:17.2f}s {r['xid_p99_s']:5.2f}s  {r['xid_lost']:13d}"
+            f"  {r['worker_cpu_ms_per_1k']:21.0f}  {r['worker_core_util_pct']:8.0f}%  "
+            f"{r['worker_core_others_pct']:13.0f}%  {r['generator_cpu_ms_per_1k']:19.0f}",
+            file=out,
             flush=True,
         )
+    if args.profile:
+        print_profiles(results, out)
+    if args.json:
+        print(
+            json.dumps(
+                strict_json(
+                    {
+                        "worker_core": core,
+                        "generator_cores": others,
+                        "seconds": args.seconds,
+                        "step_interval": args.step_interval,
+                        "profile": args.profile,
+                        "profile_rate": args.profile_rate,
+                        "levels": results,
+                        "warmup_s": args.warmup,
+                    }
+                )
+            )
+        )
+
+
+def strict_json(v: Any) -> Any:
+    """NaN (a lag that could not be read, no latency measured) as null: strict JSON."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: strict_json(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [strict_json(x) for x in v]
+    return v
+
+
+def print_profiles(results: list[dict[str, Any]], out: Any) -> None:
+    """Stage x level: share of the samples and CPU ms per 1,000 messages (share x CPU per 1,000)."""
+    for r in results:
+        if r["profile"] and r["profile"]["errors"]:
+            print(f"py-spy at {r['machines']} machines: {r['profile']['errors']}", file=out)
+    levels = [r for r in results if r["profile"] and r["profile"]["samples"]]
+    if not levels:
+        return
+    last = levels[-1]["profile"]["stages"]
+    order = [name for name, _ in STAGES]
+    names = sorted(
+        {s for r in levels for s in r["profile"]["stages"]},
+        key=lambda s: (-last.get(s, {}).get("pct", 0), order.index(s) if s in order else len(order)),
+    )
+    head = "".join(f"  {str(r['machines']) + ' machines: %':>20s}  ms/1k" for r in levels)
+    print(f"\n{'worker profile (py-spy --gil; innermost frame)':46s}{head}", file=out)
+    for name in names:
+        cells = ""
+        for r in levels:
+            st = r["profile"]["stages"].get(name, {"pct": 0.0, "cpu_ms_per_1k": 0.0})
+            cells += f"  {st['pct']:19.1f}%  {st['cpu_ms_per_1k']:5.0f}"
+        print(f"{name:46s}{cells}", file=out)
+    rows = {
+        "total (worker CPU ms/1k msgs)": lambda r: f"{100:19.0f}%  {r['worker_cpu_ms_per_1k']:5.0f}",
+        "samples; GIL samples/rate as % of CPU": lambda r: (
+            f"{r['profile']['samples']:13d}; {r['profile']['gil_coverage_pct']:4.0f}%       "
+        ),
+        "py-spy's own CPU s (generator cores)": lambda r: f"{r['profile']['profiler_cpu_s']:20.1f}        ",
+    }
+    for label, cell in rows.items():
+        print(f"{label:46s}" + "".join(f"  {cell(r)}" for r in levels), file=out)
+    for r in levels:
+        p = r["profile"]
+        threads = ", ".join(f"{k} {v:.0f}%" for k, v in p["threads_pct"].items())
+        top = next(iter(p["stages"]))
+        split = ", ".join(f"{k} {v:.0f}%" for k, v in p["stages"][top]["threads_pct"].items())
+        print(f"{r['machines']} machines, by thread: {threads}; {top!r} by thread: {split}", file=out)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ from actions.progress import Recovery
 from actions.service import ActionService
 from actions.state import RecoveryState
 from infra.backoff import Backoff
-from infra.bus import EventProducer, create_topics, signer_for
-from infra.config import Settings, load_settings
+from infra.bus import EventProducer, signer_for
+from infra.config import Settings
 from infra.stack.kafka import KafkaServer
 from schemas.base import Event, now_ms
 from schemas.codec import encode
@@ -37,7 +37,7 @@ from schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, JobS
 from schemas.enums import Action
 from schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, JOBS
 from tests.actions.conftest import Running, job_spec, make_decision
-from tests.net import free_ports
+from tests.private_kafka import private_kafka as private_broker
 from tests.streams.harness import Watcher, send, unique
 from tests.waiting import wait_until
 
@@ -263,21 +263,8 @@ def test_a_recovery_that_keeps_crashing_is_failed_and_dead_lettered(
 @pytest.fixture
 def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
     """A broker of this test's own on free ports: stopping it disturbs nobody else."""
-    kafka_port, controller_port = free_ports(2)
-    env = {
-        "TRAINGUARD_HOME": str(tmp_path / "kafka-home"),
-        "TRAINGUARD__STACK__KAFKA_PORT": str(kafka_port),
-        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller_port),
-    }
-    settings = load_settings(environ=env)
-    server = KafkaServer(settings.stack)
-    server.start()
-    try:
-        server.wait_healthy(90)
-        create_topics(settings.kafka, [DECISIONS, JOBS, DEAD_LETTERS, ACTIONS])
-        yield settings, server
-    finally:
-        server.stop()
+    with private_broker(tmp_path / "kafka-home", [DECISIONS, JOBS, DEAD_LETTERS, ACTIONS]) as started:
+        yield started
 
 
 # A private broker started twice (each start allowed 90 s), a commit timing out against it while

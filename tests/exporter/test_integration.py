@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.bus import EventProducer, create_topics, signer_for
-from infra.config import Settings, load_settings
+from infra.bus import EventProducer, signer_for
+from infra.config import Settings
 from infra.stack.kafka import KafkaServer
 from schemas.base import Event, now_ms
 from schemas.control import Command, CommandKind
@@ -19,7 +19,7 @@ from schemas.workload import LogLine
 from streams.exporter.service import ExporterService
 from tests.exporter.conftest import make_cfg
 from tests.exporter.kafka_helpers import TopicReader
-from tests.net import free_ports
+from tests.private_kafka import private_kafka as private_broker
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -114,21 +114,8 @@ def test_xid_line_and_nic_down_reach_kafka(stack_settings: Settings, root: Path,
 @pytest.fixture
 def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, KafkaServer]]:
     """A second broker on free ports: stopping it disturbs nobody else."""
-    kafka_port, controller_port = free_ports(2)
-    env = {
-        "TRAINGUARD_HOME": str(tmp_path / "kafka-home"),
-        "TRAINGUARD__STACK__KAFKA_PORT": str(kafka_port),
-        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller_port),
-    }
-    settings = load_settings(environ=env)
-    server = KafkaServer(settings.stack)
-    server.start()
-    try:
-        server.wait_healthy(90)
-        create_topics(settings.kafka, [HEARTBEATS, HOST, LOGS, NIC])
-        yield settings, server
-    finally:
-        server.stop()
+    with private_broker(tmp_path / "kafka-home", [HEARTBEATS, HOST, LOGS, NIC]) as started:
+        yield started
 
 
 # A private broker started, stopped and started again (each start allowed 90 s), the spool drained

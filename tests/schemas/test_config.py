@@ -67,7 +67,14 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_settings_is_one_model() -> None:
-    assert set(Settings.__dataclass_fields__) == {"kafka", "clickhouse", "stack", "signing", "components", "environ"}
+    assert set(Settings.__dataclass_fields__) == {
+        "kafka",
+        "clickhouse",
+        "stack",
+        "signing",
+        "components",
+        "environ",
+    }
 
 
 @dataclass(frozen=True)
