@@ -25,7 +25,8 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kafka", ("kafka.Kafka", "kafka-server", "org.apache.kafka")),
     ("clickhouse", ("clickhouse",)),
     ("baseline job", ("baseline-cluster",)),
-    ("stream worker", ("trainguard worker", "trainguard.__main__ worker", " worker --")),
+    # Faust retitles its worker process ("[Faust:Worker] -init- <app id> ...").
+    ("stream worker", ("[Faust:Worker]", "trainguard worker", "trainguard.__main__ worker")),
     ("action service", ("trainguard actions", "actions run")),
     ("diagnostics", ("diagnostics",)),
     ("node exporters", ("demo-exporter", "trainguard exporter")),

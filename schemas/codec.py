@@ -137,7 +137,9 @@ def _parse(raw: Any) -> Any:
         raise DecodeError("", f"not JSON: {_why(exc)}") from None
     except MemoryError:
         raise DecodeError("", "not JSON: out of memory parsing the record") from None
-    if _too_deep(data, MAX_DEPTH):
+    # Fewer opening brackets than the limit cannot nest deeper than it (most records: a scan in
+    # C instead of a walk of every node in Python).
+    if text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(data, MAX_DEPTH):
         raise DecodeError("", f"not JSON: nested deeper than {MAX_DEPTH}")
     return data
 

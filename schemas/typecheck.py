@@ -33,6 +33,7 @@ import re
 import reprlib
 import types
 import typing
+from collections.abc import Mapping
 from functools import cache
 from typing import Any, Union
 
@@ -77,7 +78,7 @@ def show(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
-def _check_text(value: str, meta: dict[str, Any], path: str, what: str = "string") -> None:
+def _check_text(value: str, meta: Mapping[str, Any], path: str, what: str = "string") -> None:
     max_len = meta.get("max_len")
     if max_len is not None and len(value) > max_len:
         raise SchemaError(path, f"{what} of {len(value)} characters exceeds {max_len}")
@@ -88,7 +89,9 @@ def _check_text(value: str, meta: dict[str, Any], path: str, what: str = "string
         )
 
 
-def _check_size(value: list[Any] | tuple[Any, ...] | dict[Any, Any], meta: dict[str, Any], path: str) -> None:
+def _check_size(
+    value: list[Any] | tuple[Any, ...] | dict[Any, Any], meta: Mapping[str, Any], path: str
+) -> None:
     max_items = meta.get("max_items")
     if max_items is not None and len(value) > max_items:
         raise SchemaError(path, f"{len(value)} items exceed the maximum {max_items}")
@@ -114,7 +117,7 @@ def _item_path(path: str, key: Any) -> str:
     return _key_path(path, key) if isinstance(key, str) else f"{path}[{show(key)}]"
 
 
-def _check_json(value: Any, meta: dict[str, Any], path: str) -> None:
+def _check_json(value: Any, meta: Mapping[str, Any], path: str) -> None:
     """Every string (keys too) and container inside an ``Any`` value, walked without recursion
     (the depth of a decoded document is bounded by the codec, that of a config file by YAML)."""
     max_len = meta.get("max_len")
@@ -144,11 +147,84 @@ def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@cache
+def _shape(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``(get_origin(tp), get_args(tp))``, once per annotation: every message asks again for
+    the same few dozen annotations, and the ``typing`` calls were a tenth of a worker's CPU."""
+    return typing.get_origin(tp), typing.get_args(tp)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    """One init field of a dataclass, prepared once: its annotation, metadata and, for the
+    quick check of a plain value, the leaf type (``X`` of ``X | None``) and its limits."""
+
+    name: str
+    tp: Any
+    meta: Any  # the field's metadata mapping, read only
+    required: bool
+    optional: bool
+    leaf: Any
+    lo: Any
+    hi: Any
+    allow_nan: bool
+    max_len: int | None
+
+    def plain_ok(self, value: Any) -> bool:
+        """``value`` is valid as is, by the same rules :func:`convert` applies (False: let
+        :func:`convert` decide, and name the error)."""
+        kind = type(value)
+        if kind is float and (self.leaf is float):
+            if value != value or value in (math.inf, -math.inf):
+                return False
+        elif kind is int and (self.leaf is int or self.leaf is float):
+            if self.leaf is float:
+                return False  # converted to float by convert
+        elif kind is str and self.leaf is str:
+            return (self.max_len is None or len(value) <= self.max_len) and _SURROGATE.search(value) is None
+        else:
+            return False
+        return (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
+
+
+@cache
+def _fields(cls: Any) -> tuple[tuple[_Field, ...], frozenset[str]]:
+    """The init fields of dataclass ``cls`` with their resolved annotations, and every field
+    name (an unknown key check), computed once per class."""
+    hints = _hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        tp = hints[f.name]
+        origin, args = _shape(tp)
+        inner = [a for a in args if a is not type(None)]
+        optional = origin in (Union, types.UnionType) and type(None) in args and len(inner) == 1
+        leaf = inner[0] if optional else tp
+        meta = f.metadata
+        out.append(
+            _Field(
+                f.name,
+                tp,
+                meta,
+                required,
+                optional,
+                leaf,
+                meta.get("lo"),
+                meta.get("hi"),
+                bool(meta.get("allow_nan")),
+                meta.get("max_len"),
+            )
+        )
+    return tuple(out), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _check_number(value: float, meta: dict[str, Any], path: str) -> None:
+def _check_number(value: float, meta: Mapping[str, Any], path: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         if not meta.get("allow_nan"):
             raise SchemaError(path, f"non-finite value {value!r} not allowed")
@@ -160,7 +236,7 @@ def _check_number(value: float, meta: dict[str, Any], path: str) -> None:
         raise SchemaError(path, f"{show(value)} is above the maximum {hi!r}")
 
 
-def _all_valid(items: list[Any] | tuple[Any, ...], item_tp: Any, meta: dict[str, Any]) -> bool:
+def _all_valid(items: list[Any] | tuple[Any, ...], item_tp: Any, meta: Mapping[str, Any]) -> bool:
     """Fast path for long lists of ints or strings (every rank of a job): whether every item is
     valid as is.  False sends the caller to the item-by-item check, which names the bad one."""
     if item_tp is int and all(type(v) is int for v in items):
@@ -174,15 +250,25 @@ def _all_valid(items: list[Any] | tuple[Any, ...], item_tp: Any, meta: dict[str,
     return False
 
 
-def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = None) -> Any:
+def convert(value: Any, tp: Any, path: str = "", meta: Mapping[str, Any] | None = None) -> Any:
     """Return ``value`` converted to annotation ``tp`` or raise :class:`SchemaError`."""
-    meta = meta or {}
-    origin = typing.get_origin(tp)
+    meta = meta or _NO_META
+    # The common leaves first, before any annotation analysis: most fields are plain numbers
+    # and strings, and the checks below are the same ones the general path makes.
+    if tp is float and type(value) is float:
+        _check_number(value, meta, path)
+        return value
+    if tp is int and type(value) is int:
+        _check_number(value, meta, path)
+        return value
+    if tp is str and type(value) is str:
+        _check_text(value, meta, path)
+        return value
+    origin, args = _shape(tp)
     if tp is Any:
         _check_json(value, meta, path)
         return value
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
         if value is None:
             if type(None) in args:
                 return None
@@ -229,7 +315,7 @@ def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = N
         if not isinstance(value, list | tuple):
             raise SchemaError(path, f"expected a list, got {type(value).__name__}")
         _check_size(value, meta, path)
-        (item_tp, *_rest) = typing.get_args(tp)
+        (item_tp, *_rest) = args
         if _all_valid(value, item_tp, meta):
             return tuple(value) if origin is tuple else list(value)
         items = [convert(v, item_tp, f"{path}[{i}]", meta) for i, v in enumerate(value)]
@@ -238,7 +324,7 @@ def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = N
         if not isinstance(value, dict):
             raise SchemaError(path, f"expected an object, got {type(value).__name__}")
         _check_size(value, meta, path)
-        _key_tp, val_tp = typing.get_args(tp)  # keys are JSON object keys: always str
+        _key_tp, val_tp = args  # keys are JSON object keys: always str
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
@@ -252,27 +338,32 @@ def convert(value: Any, tp: Any, path: str = "", meta: dict[str, Any] | None = N
 
 
 T = typing.TypeVar("T")
+#: the metadata of a field without any (read only, shared).
+_NO_META: Mapping[str, Any] = types.MappingProxyType({})
 
 
 def from_mapping(cls: type[T], data: Any, path: str = "", ignore: frozenset[str] = frozenset()) -> T:
     """Build dataclass ``cls`` from a mapping; unknown keys and missing fields are errors."""
     if not isinstance(data, dict):
         raise SchemaError(path, f"expected an object, got {type(data).__name__}")
-    hints = _hints(cls)  # type: ignore[arg-type]  # classes are hashable; mypy cannot see it for type[T]
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(k if isinstance(k, str) else repr(k) for k in set(data) - set(fields) - ignore)
-    if unknown:
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise SchemaError(path, f"unknown field(s) {', '.join(map(show, unknown[:5]))}{more}")
+    fields, names = _fields(cls)  # type: ignore[arg-type]  # classes are hashable; mypy cannot see it for type[T]
+    if not names.issuperset(data):
+        extra = set(data) - names - ignore
+        unknown = sorted(k if isinstance(k, str) else repr(k) for k in extra)
+        if unknown:
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise SchemaError(path, f"unknown field(s) {', '.join(map(show, unknown[:5]))}{more}")
     kwargs = {}
-    for name, f in fields.items():
-        if not f.init:
+    for f in fields:
+        if f.name not in data:
+            if f.required:
+                raise SchemaError(_join(path, f.name), "is required")
             continue
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise SchemaError(_join(path, name), "is required")
+        value = data[f.name]
+        if (value is None and f.optional) or f.plain_ok(value):
+            kwargs[f.name] = value  # the common case, checked without building a path
             continue
-        kwargs[name] = convert(data[name], hints[name], _join(path, name), dict(f.metadata))
+        kwargs[f.name] = convert(value, f.tp, _join(path, f.name), f.meta)
     try:
         obj = cls(**kwargs)
     except (ValueError, TypeError) as exc:  # __post_init__ cross-field checks

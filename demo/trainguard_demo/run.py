@@ -435,7 +435,13 @@ class Demo:
         if self.baseline is not None:
             self.baseline.stop()
         # Ranks, warm pools and the exporters of provisioned machines all name the cluster dir.
-        subprocess.run(["pkill", "-f", "--", str(self.cluster)], check=False)
+        # Again until none is left: a zygote killed while forking leaves a child that takes its
+        # name (and its cluster dir) only after the first sweep.
+        for _ in range(10):
+            subprocess.run(["pkill", "-f", "--", str(self.cluster)], check=False)
+            time.sleep(0.5)
+            if subprocess.run(["pgrep", "-f", "--", str(self.cluster)], capture_output=True).returncode != 0:
+                break
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
