@@ -183,8 +183,15 @@ class WorkerContext:
         except Exception as exc:
             await self.reject(rec, name, exc)
 
-    def follow(self, topic: Topic, handle: Callable[[bytes | None], None], name: str) -> None:
-        """Run ``handle`` on every record of ``topic`` on this worker, from the start of the topic.
+    def follow(
+        self,
+        topic: Topic,
+        handle: Callable[[bytes | None], None],
+        name: str,
+        since_ms: Callable[[], int] | None = None,
+    ) -> None:
+        """Run ``handle`` on every record of ``topic`` on this worker, from the start of the topic
+        (or from the first record at or after ``since_ms()``, evaluated at each (re)start).
 
         Not group-consumed: each worker reads every partition itself (no offsets committed), so
         what the topic says reaches every worker, whichever partitions its agents own.  If the
@@ -193,6 +200,8 @@ class WorkerContext:
         the record's fault, never a reason to start over (the same record would fail again).
         How far it got is the ``trainguard_follow_offset`` gauge (per partition, the offset of the
         next record to read: a record has been handled once the gauge has passed its offset).
+        Records are handled in slices that give the event loop back in between: a long history
+        read at start must not starve the agents or the consumer's heartbeats.
         """
         kafka, followed, name_ = self.settings.kafka, self.metrics.followed, self.topic_name(topic)
 
@@ -204,15 +213,25 @@ class WorkerContext:
             try:
                 parts = [TopicPartition(name_, p) for p in range(topic.partitions)]
                 consumer.assign(parts)
-                await consumer.seek_to_beginning(*parts)
+                if since_ms is None:
+                    await consumer.seek_to_beginning(*parts)
+                else:
+                    at = await consumer.offsets_for_times({tp: since_ms() for tp in parts})
+                    for tp in parts:
+                        found = at.get(tp)
+                        if found is None:  # nothing that recent: from the end
+                            await consumer.seek_to_end(tp)
+                        else:
+                            consumer.seek(tp, found.offset)
                 backoff.reset()
                 while True:
-                    batches = await consumer.getmany(timeout_ms=1000)
+                    batches = await consumer.getmany(timeout_ms=1000, max_records=500)
                     for tp, records in batches.items():
                         for rec in records:
                             await self.handle_followed(rec, handle, name)
                         if records:
                             followed.labels(name_, str(tp.partition)).set(records[-1].offset + 1)
+                    await asyncio.sleep(0)  # the agents and heartbeats get their turn
             finally:
                 await consumer.stop()
 

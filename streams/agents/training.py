@@ -23,6 +23,8 @@ from schemas.workload import TrainingStep
 from streams.context import WorkerContext
 
 NAME = TRAINING
+#: how far back a starting worker reads the action service's events.
+_ACTIONS_HISTORY_MS = 24 * 3600 * 1000
 
 
 class Ownership:
@@ -69,7 +71,11 @@ def register(ctx: WorkerContext, path: DetectionPath) -> None:
         if isinstance(ev, ActionEvent):
             path.on_action(ev)
 
-    ctx.follow(ACTIONS, on_action, "actions")
+    # The last day is enough: a recovery at work emits events every few seconds; one held for
+    # longer than that is forgotten by a restarted worker (its job then looks stopped and gets a
+    # restart decision, queued behind the held recovery).  From the start of a 30-day topic, a
+    # worker's start would replay every recovery of the month.
+    ctx.follow(ACTIONS, on_action, "actions", since_ms=lambda: now_ms() - _ACTIONS_HISTORY_MS)
 
     @ctx.app.timer(ctx.cfg.check_interval_s)
     async def check_jobs() -> None:
