@@ -31,9 +31,9 @@ from schemas.workload import TrainingStep
 TS = 1_795_000_000_000
 
 
-def messages() -> dict[str, tuple[Event, float]]:
-    """name -> (event, messages of this kind per machine per second)."""
-    gpus = [
+def gpu_samples() -> list[GpuSample]:
+    """One healthy node's 8 GPUs (also what ``bench/stream_load.py`` sends)."""
+    return [
         GpuSample(
             index=g,
             temperature_c=60.0,
@@ -46,6 +46,11 @@ def messages() -> dict[str, tuple[Event, float]]:
         )
         for g in range(8)
     ]
+
+
+def messages() -> dict[str, tuple[Event, float]]:
+    """name -> (event, messages of this kind per machine per second)."""
+    gpus = gpu_samples()
     host = HostSample(
         node="n1",
         ts_ms=TS,

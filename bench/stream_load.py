@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decode_cost import gpu_samples
 from worker_cost import STAGES, Profile, Profiler, core_busy_seconds, cpu_seconds
 
 from infra.config import load_settings
@@ -53,7 +54,6 @@ from schemas.codec import decode, encode
 from schemas.control import Decision
 from schemas.telemetry import (
     DiskUsage,
-    GpuSample,
     GpuSampleBatch,
     Heartbeat,
     HostSample,
@@ -145,19 +145,7 @@ def run(
     watcher.start()
     time.sleep(1)
     per_s = machines * (1 / 10 + 1 / 10 + 1 / 30 + 1 / 5 + 8 / step_interval)
-    gpus = [
-        GpuSample(
-            index=g,
-            temperature_c=60.0,
-            power_w=600.0,
-            util_gpu_pct=97.0,
-            mem_used_bytes=60 << 30,
-            mem_total_bytes=80 << 30,
-            ecc_volatile_uncorrected=0,
-            pcie_replay_count=0,
-        )
-        for g in range(8)
-    ]
+    gpus = gpu_samples()
     drain_s = 3.0
     t_start = time.monotonic()
     win: Mark | None = None  # the measured window starts after the warm-up ...

@@ -77,29 +77,6 @@ def test_a_shadow_worker_has_its_own_app_id_and_no_sink() -> None:
 # real worker: test_a_shadow_worker_decides_on_the_replayed_stream_and_only_there (below).
 
 
-def test_replay_writes_the_shadow_namespace_unless_told_live(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainguard.commands import ops
-
-    calls: list[dict[str, Any]] = []
-
-    def fake_replay(cfg: Any, path: Path, **kw: Any) -> int:
-        calls.append(kw)
-        return 3
-
-    monkeypatch.setattr(ops, "replay_file", fake_replay)
-    rec = INCIDENTS / ROWS[FAULT]["recording"]
-    res = CliRunner().invoke(main, ["replay", str(rec), "--speed", "0"])
-    assert res.exit_code == 0 and "WARNING" not in res.output, res.output
-    assert calls.pop() == {"speed": 0.0, "namespace": "shadow"}
-    res = CliRunner().invoke(main, ["replay", str(rec), "--live"])
-    assert res.exit_code == 0, res.output
-    assert calls.pop() == {"speed": 1.0}  # the topics as recorded
-    assert "WARNING: replaying into the LIVE topics" in res.output
-    assert "replayed 3 record(s) into the live topics" in res.output
-    assert CliRunner().invoke(main, ["replay", str(rec), "--namespace", ""]).exit_code == 2
-    assert not calls
-
-
 # --- the offline compare ------------------------------------------------------------------------
 
 
@@ -247,6 +224,31 @@ def test_compare_options_are_checked() -> None:
 # --- through the real broker --------------------------------------------------------------------
 
 
+def _steps_recording(tmp_path: Path, job: str) -> tuple[list[TrainingStep], Path]:
+    """Five training steps of ``job`` as a recording file (``trainguard record`` format)."""
+    steps = [
+        TrainingStep(ts_ms=1_000 + i, job=job, rank=0, step=i, loss=1.0, step_time_s=1.0) for i in range(5)
+    ]
+    recording = tmp_path / "steps.jsonl"
+    recording.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "topic": STEPS.name,
+                    "partition": 0,
+                    "offset": i,
+                    "ts_ms": s.ts_ms,
+                    "key": job,
+                    "value": encode(s).decode(),
+                }
+            )
+            + "\n"
+            for i, s in enumerate(steps)
+        )
+    )
+    return steps, recording
+
+
 def _end_offsets(settings: Settings, name: str, partitions: int) -> dict[int, int]:
     from kafka import KafkaConsumer, TopicPartition
 
@@ -281,31 +283,12 @@ def _keys_between(settings: Settings, name: str, start: dict[int, int], end: dic
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_replay_by_default_reaches_the_shadow_topics_and_not_the_live_ones(
-    stack_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stack_settings: Settings, tmp_path: Path
 ) -> None:
     from infra.bus import create_topics
 
     job = unique("shadow-replay")
-    steps = [
-        TrainingStep(ts_ms=1_000 + i, job=job, rank=0, step=i, loss=1.0, step_time_s=1.0) for i in range(5)
-    ]
-    recording = tmp_path / "steps.jsonl"
-    recording.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "topic": STEPS.name,
-                    "partition": 0,
-                    "offset": i,
-                    "ts_ms": s.ts_ms,
-                    "key": job,
-                    "value": encode(s).decode(),
-                }
-            )
-            + "\n"
-            for i, s in enumerate(steps)
-        )
-    )
+    steps, recording = _steps_recording(tmp_path, job)
     shadow = replace(STEPS, name=namespaced(STEPS.name, "shadow"))
     create_topics(stack_settings.kafka, [STEPS], namespace="shadow")
     watcher = Watcher(stack_settings, shadow)
@@ -328,6 +311,24 @@ def test_replay_by_default_reaches_the_shadow_topics_and_not_the_live_ones(
     assert res.exit_code == 0, res.output
     mine = [r for r in read_recording(out) if r["key"] == job]
     assert [r["topic"] for r in mine] == [STEPS.name] * 5
+
+
+@pytest.mark.slow
+def test_replay_live_writes_the_live_topics_with_a_warning(stack_settings: Settings, tmp_path: Path) -> None:
+    job = unique("live-replay")
+    steps, recording = _steps_recording(tmp_path, job)
+    watcher = Watcher(stack_settings, STEPS)
+    try:
+        res = cli("replay", recording, "--speed", "0", "--live")
+        assert res.exit_code == 0, res.output
+        assert "WARNING: replaying into the LIVE topics" in res.output
+        assert "replayed 5 record(s) into the live topics" in res.output
+        watcher.wait_for(lambda e: isinstance(e, TrainingStep) and e.job == job and e.step == len(steps) - 1)
+        got = watcher.all(lambda e: isinstance(e, TrainingStep) and e.job == job)
+        assert sorted(e.step for e in got if isinstance(e, TrainingStep)) == [s.step for s in steps]
+    finally:
+        watcher.close()
+    assert cli("replay", recording, "--namespace", "").exit_code == 2
 
 
 @pytest.mark.slow
