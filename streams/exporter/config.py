@@ -21,6 +21,8 @@ from schemas.typecheck import bounds
 
 ENV_PREFIX = "TRAINGUARD_EXPORTER"
 _INTERVAL = bounds(0.01, 86_400)
+#: the largest valid uid ((uid_t)-1 means "no change" to the kernel).
+_MAX_UID = 2**32 - 2
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,30 @@ class ReporterConfig:
     socket: str = "/run/trainguard/reporter.sock"
     #: most events held between rounds (beyond: dropped and counted).
     max_per_round: int = field(default=100_000, metadata=bounds(1, 10_000_000))
+    #: file mode of the socket (YAML reads 0660 as octal): sending needs write permission, so
+    #: 0660 = owner and group only.
+    socket_mode: int = field(default=0o660, metadata=bounds(0, 0o777))
+    #: group the socket is given (a name or a gid; "" = the exporter's own group): ranks running
+    #: as another user in this group can send (their uid must still be accepted, below).
+    socket_group: str = field(default="", metadata=bounds(max_len=256))
+    #: sender uids accepted (kernel-verified credentials); empty = the exporter's own uid and
+    #: root.  The uids of ``job_by_uid`` are accepted too.
+    allowed_uids: list[int] = field(default_factory=list, metadata=bounds(0, _MAX_UID, max_items=65_536))
+    #: sender uid (a decimal string: config keys are strings) -> the job its events belong to;
+    #: an event claiming another job is refused.  Unmapped uids: the exporter's ``job``, if set.
+    job_by_uid: dict[str, str] = field(default_factory=dict, metadata=bounds(max_len=256, max_items=65_536))
+
+    def __post_init__(self) -> None:
+        for key, job in self.job_by_uid.items():
+            if not key.isdecimal() or not 0 <= int(key) <= _MAX_UID:
+                raise ValueError(f"job_by_uid: key {key!r} is not a uid (0..{_MAX_UID})")
+            if not job:
+                raise ValueError(f"job_by_uid: uid {key} is bound to an empty job")
+
+    @property
+    def jobs_by_uid(self) -> dict[int, str]:
+        """``job_by_uid`` with integer keys."""
+        return {int(uid): job for uid, job in self.job_by_uid.items()}
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def test_never_blocks_and_counts_drops_without_exporter(tmp_path: Path) -> None:
 def test_dropped_count_travels_with_the_next_step(root: Path, tmp_path: Path) -> None:
     src = _source(root, tmp_path)
     rep = Reporter(
-        job="j",
+        job="job-t",  # the exporter's job: a claim of another is refused
         rank=0,
         socket_path=str(src.path),
         queue_size=2,
@@ -108,7 +108,7 @@ def test_dropped_count_travels_with_the_next_step(root: Path, tmp_path: Path) ->
 CRASHING = """
 import threading
 from streams.reporter import Reporter
-rep = Reporter(job="j", rank=1, socket_path={sock!r})
+rep = Reporter(job="job-t", rank=1, socket_path={sock!r})
 rep.step(0, loss=1.0)
 t = threading.Thread(target=lambda: 1 / 0, name="prefetch")
 t.start(); t.join()
@@ -143,7 +143,7 @@ def test_sigterm_reports_signal(root: Path, tmp_path: Path) -> None:
     src = _source(root, tmp_path)
     code = (
         "import time; from streams.reporter import Reporter; "
-        f"r = Reporter(job='j', rank=2, socket_path={str(src.path)!r}); print('up', flush=True); time.sleep(60)"
+        f"r = Reporter(job='job-t', rank=2, socket_path={str(src.path)!r}); print('up', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
