@@ -59,6 +59,8 @@ class DecisionPolicy:
         self.config = config or DecideConfig()
         self._last: OrderedDict[tuple[Any, ...], int] = OrderedDict()
         self.suppressed = 0
+        #: jobs whose dedup entries changed since :meth:`take_touched`.
+        self._touched: set[str] = set()
 
     def targets(self, d: Detection, topology: JobTopology | None = None) -> Targets:
         evict = d.evidence.get("evict") if isinstance(d.evidence, dict) else None
@@ -135,7 +137,25 @@ class DecisionPolicy:
         )
         return (job, action.value, key_targets)
 
+    def take_touched(self) -> set[str]:
+        """The jobs whose de-duplication entries changed since the last call."""
+        out, self._touched = self._touched, set()
+        return out
+
+    def entries_of(self, job: str) -> list[tuple[tuple[Any, ...], int]]:
+        """The de-duplication entries of ``job``: (key, event time of its last decision)."""
+        return [(k, ms) for k, ms in self._last.items() if k[0] == job]
+
+    def restore_entries(self, job: str, entries: list[tuple[tuple[Any, ...], int]]) -> None:
+        """Replace ``job``'s entries with ``entries`` (from :meth:`entries_of`)."""
+        for k, _ in self.entries_of(job):
+            del self._last[k]
+        for k, ms in entries:
+            self._remember(tuple(k), int(ms))
+        self._touched.discard(job)
+
     def _remember(self, key: tuple[Any, ...], event_ms: int) -> None:
+        self._touched.add(str(key[0]))
         self._last[key] = max(event_ms, self._last.get(key) or 0)
         self._last.move_to_end(key)
         while len(self._last) > self.config.max_remembered:

@@ -40,7 +40,7 @@ from typing import Any
 
 from detectors.findings import SEVERITY_RANK, Finding
 from detectors.rule_table import RuleMatch, RuleTable, default_rule_table, match_nic_state, match_nvml
-from detectors.windows import WindowTracker
+from detectors.windows import WindowCounter, WindowTracker
 from schemas.enums import Action, Severity
 
 
@@ -248,6 +248,8 @@ class LogClassifier:
         self.table = table if table is not None else default_rule_table()
         self.config = config or ClassifierConfig()
         self._windows = WindowTracker(self.config.max_window_keys)
+        #: hosts whose windows were observed since :meth:`take_touched`.
+        self._touched: set[str | None] = set()
         self._open: OrderedDict[tuple[str | None, int | None], _OpenTraceback] = OrderedDict()
         self._stdlib = re.compile(self.config.stdlib_pattern)
         self._last_ts = 0.0
@@ -350,6 +352,29 @@ class LogClassifier:
             return f
         return None
 
+    def take_touched(self) -> set[str | None]:
+        """The hosts whose count windows changed since the last call."""
+        out, self._touched = self._touched, set()
+        return out
+
+    def windows_of(self, node: str) -> list[tuple[Any, WindowCounter]]:
+        """The count windows of ``node`` (its own and its ``node/source`` streams')."""
+        return [(k, c) for k, c in self._windows.items() if _of_node(k, node)]
+
+    def window_nodes(self) -> set[str]:
+        return {
+            str(k[1]).split("/", 1)[0]
+            for k, _ in self._windows.items()
+            if isinstance(k, tuple) and _keyed_by_host(k)
+        }
+
+    def restore_windows(self, node: str, windows: list[tuple[Any, WindowCounter]]) -> None:
+        """Replace the count windows of ``node`` with ``windows`` (from :meth:`windows_of`)."""
+        for k, _ in self.windows_of(node):
+            self._windows.remove(k)
+        for k, c in windows:
+            self._windows.put(tuple(k) if isinstance(k, list) else k, c)
+
     def flush(self) -> None:
         """Forget open tracebacks (end of a stream, or a stream restarted)."""
         self._open.clear()
@@ -381,6 +406,7 @@ class LogClassifier:
         if rule.thresholded and rule.window_s is not None:
             key = (rule.id, host, *(_hashable(fields.get(k)) for k in rule.key))
             count = self._windows.observe(key, when, rule.window_s, rule.dedup_s)
+            self._touched.add(host)
         action, severity, escalated = rule.decide(count)
         return Classification(
             line=line,
@@ -394,6 +420,14 @@ class LogClassifier:
             ts=ts if ts is not None else (when if line and parse_timestamp(line) is not None else None),
             source=source,
         )
+
+
+def _keyed_by_host(key: Any) -> bool:
+    return isinstance(key, tuple) and len(key) >= 2 and isinstance(key[1], str)
+
+
+def _of_node(key: Any, node: str) -> bool:
+    return _keyed_by_host(key) and (key[1] == node or key[1].startswith(node + "/"))
 
 
 def _hashable(v: Any) -> Any:

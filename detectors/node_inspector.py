@@ -52,9 +52,11 @@ class NodeInspector:
     ) -> None:
         self.classifier = LogClassifier(table, config)
         self.host = host or HostThresholds()
-        # (node, gpu) -> last counters; (node, nic) -> last carrier_changes.
-        self._gpu_prev: dict[tuple[str, int], dict[str, int | None]] = {}
-        self._nic_prev: dict[tuple[str, str], int | None] = {}
+        # node -> gpu -> last counters; node -> nic -> last carrier_changes.
+        self._gpu_prev: dict[str, dict[int, dict[str, int | None]]] = {}
+        self._nic_prev: dict[str, dict[str, int | None]] = {}
+        #: nodes whose state (counters, rule windows) changed since :meth:`take_dirty`.
+        self._dirty: set[str] = set()
 
     def inspect(self, event: Event, now_ms: int) -> list[Detection]:
         if isinstance(event, GpuSampleBatch):
@@ -88,7 +90,8 @@ class NodeInspector:
     def _gpu(self, e: GpuSampleBatch, now_ms: int) -> list[Detection]:
         out = []
         for g in e.gpus:
-            prev = self._gpu_prev.get((e.node, g.index), {})
+            node_prev = self._gpu_prev.setdefault(e.node, {})
+            prev = node_prev.get(g.index, {})
             sample = {
                 "gpu": g.index,
                 "state": g.state.value,
@@ -106,10 +109,10 @@ class NodeInspector:
             if not prev:
                 sample.pop("pcie_replay_count_prev")
             sample = {k: v for k, v in sample.items() if v is not None}
-            self._gpu_prev[(e.node, g.index)] = {
-                "ecc": g.ecc_volatile_uncorrected,
-                "pcie": g.pcie_replay_count,
-            }
+            now_prev = {"ecc": g.ecc_volatile_uncorrected, "pcie": g.pcie_replay_count}
+            if now_prev != prev:
+                node_prev[g.index] = now_prev
+                self._dirty.add(e.node)
             for c in self.classifier.classify_nvml(sample, ts=e.ts_ms / 1000, host=e.node):
                 out += self._emit(c, e, now_ms, ("gpu", g.index))
         return out
@@ -117,8 +120,11 @@ class NodeInspector:
     def _nic(self, e: NicSampleBatch, now_ms: int) -> list[Detection]:
         out = []
         for n in e.nics:
-            prev = self._nic_prev.get((e.node, n.name))
-            self._nic_prev[(e.node, n.name)] = n.carrier_changes
+            node_prev = self._nic_prev.setdefault(e.node, {})
+            prev = node_prev.get(n.name)
+            if n.name not in node_prev or prev != n.carrier_changes:
+                node_prev[n.name] = n.carrier_changes
+                self._dirty.add(e.node)
             sample = {
                 "interface": n.name,
                 "operstate": n.operstate,
@@ -180,3 +186,37 @@ class NodeInspector:
         if c.matched and e.rank >= 0 and "rank" not in c.fields:
             c = Classification(**{**c.__dict__, "fields": {**c.fields, "rank": e.rank}})
         return self._emit(c, e, now_ms, ("log", e.source, e.seq))
+
+    # -- state kept across worker restarts (see :mod:`detectors.keyed_state`) ------------------
+
+    def take_dirty(self) -> set[str]:
+        """The nodes whose state changed since the last call (counters, rule windows)."""
+        for host in self.classifier.take_touched():
+            if host:
+                self._dirty.add(host.split("/", 1)[0])
+        out, self._dirty = self._dirty, set()
+        return out
+
+    def node_state(self, node: str) -> dict[str, Any]:
+        """Everything this inspector remembers of ``node``."""
+        return {
+            "gpu": dict(self._gpu_prev.get(node, {})),
+            "nic": dict(self._nic_prev.get(node, {})),
+            "windows": self.classifier.windows_of(node),
+        }
+
+    def restore_node(self, node: str, state: dict[str, Any]) -> None:
+        """Take ``state`` (from :meth:`node_state`) as what is known of ``node``."""
+        self._gpu_prev[node] = {int(k): dict(v) for k, v in state.get("gpu", {}).items()}
+        self._nic_prev[node] = {str(k): v for k, v in state.get("nic", {}).items()}
+        self.classifier.restore_windows(node, state.get("windows", []))
+
+    def drop_node(self, node: str) -> None:
+        """Forget ``node`` (its partition moved to another worker)."""
+        self._gpu_prev.pop(node, None)
+        self._nic_prev.pop(node, None)
+        self._dirty.discard(node)
+        self.classifier.restore_windows(node, [])
+
+    def nodes(self) -> set[str]:
+        return set(self._gpu_prev) | set(self._nic_prev) | self.classifier.window_nodes()

@@ -99,6 +99,19 @@ class WindowTracker:
     def __len__(self) -> int:
         return len(self._counters)
 
+    def items(self) -> list[tuple[Hashable, WindowCounter]]:
+        return list(self._counters.items())
+
+    def put(self, key: Hashable, counter: WindowCounter) -> None:
+        """Set ``key``'s counter (a restored one)."""
+        self._counters[key] = counter
+        self._counters.move_to_end(key)
+        while len(self._counters) > self.max_keys:
+            self._counters.popitem(last=False)
+
+    def remove(self, key: Hashable) -> None:
+        self._counters.pop(key, None)
+
 
 class StreamClock:
     """The "now" a time-based check may assume on a stream that can lag behind the wall clock.

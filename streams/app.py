@@ -21,6 +21,7 @@ import faust
 import mode
 from prometheus_client import generate_latest
 
+from detectors.keyed_state import PathState
 from detectors.routing import DetectionPath
 from infra.config import Settings
 from infra.sink import SinkThread
@@ -31,6 +32,7 @@ from streams.context import WorkerContext
 from streams.jobs import JobDirectory
 from streams.kafka_compat import faust_broker
 from streams.metrics import SinkMetrics
+from streams.state import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +81,11 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
     ctx = WorkerContext(settings=settings, cfg=cfg, app=app)
     jobs = JobDirectory(settings.clickhouse)
     path = DetectionPath(cfg)
-    inspection.register(ctx, path)
-    training.register(ctx, path)
-    decide.register(ctx, path, jobs)
-    aggregation.register(ctx, path, jobs)
+    state = WorkerState(ctx, PathState(path)) if cfg.state_enabled else None
+    inspection.register(ctx, path, state)
+    training.register(ctx, path, state)
+    decide.register(ctx, path, jobs, state)
+    aggregation.register(ctx, path, jobs, state)
     anomaly.register(ctx, path)
     job_specs.follow(ctx, jobs)
     sink = _register_sink(ctx) if cfg.sink_enabled else None

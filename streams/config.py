@@ -38,6 +38,11 @@ class WorkerConfig:
     heartbeat_interval_s: float = field(default=2.0, metadata=bounds(0.1, 60))
     #: how often per-job time-based checks (stall, stragglers) run.
     check_interval_s: float = field(default=2.0, metadata=bounds(0.1, 600))
+    #: keep detector state (rule windows, dedup windows, job monitors, captures) in changelog topics
+    #: (``<app_id>-state-<stage>-changelog``) so a restart or a rebalance does not forget it.
+    state_enabled: bool = True
+    #: a key's changed state is written at most this often (a job's monitor changes every step).
+    state_flush_s: float = field(default=0.5, metadata=bounds(0.01, 600))
     #: an agent whose input has lag but made no progress for this long fails /healthz.
     liveness_stall_s: float = field(default=60.0, metadata=bounds(1, 86_400))
     #: run the ClickHouse sink (its own thread and consumer group, ``<app_id>-sink`` unless

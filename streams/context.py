@@ -152,14 +152,23 @@ class WorkerContext:
             headers = self.signer.headers(name, key, value)
         await self.faust_topic(t).send(key=key, value=value, headers=headers)
 
-    async def guard(self, event: Any, agent: str, body: Callable[[Event], Awaitable[None]]) -> None:
-        """Decode one event and run ``body`` on it; any exception dead-letters the event."""
+    async def guard(
+        self, event: Any, agent: str, body: Callable[[Event], Awaitable[None]], store: Any = None
+    ) -> None:
+        """Decode one event and run ``body`` on it; any exception dead-letters the event.
+
+        ``store`` (a :class:`streams.state.StageStore`): the stage's kept state is restored for the
+        event's key first, an event already in that state is skipped, and what changed is written
+        after."""
         ev = await self.decode(event, agent)
         if ev is None:
             self.metrics.processed(agent)
             return
         try:
-            await body(ev)
+            if store is None or await store.before(event):
+                await body(ev)
+                if store is not None:
+                    await store.after(event)
         except Exception as exc:  # one poisoned event must never stop the agent
             await self.reject(event.message, agent, exc)
         self.metrics.processed(agent)

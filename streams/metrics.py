@@ -33,6 +33,18 @@ class WorkerMetrics:
         )
         self.detections = Counter("trainguard_detections_total", "Detections emitted", ["agent"], registry=r)
         self.decisions = Counter("trainguard_decisions_total", "Decisions emitted", ["action"], registry=r)
+        self.state_writes = Counter(
+            "trainguard_state_writes_total",
+            "Detector state records written to the changelog",
+            ["stage"],
+            registry=r,
+        )
+        self.state_restores = Counter(
+            "trainguard_state_restores_total",
+            "Detector states restored from the changelog",
+            ["stage"],
+            registry=r,
+        )
         self.lag = Gauge(
             "trainguard_consumer_lag", "Records behind the high watermark", ["topic"], registry=r
         )

@@ -21,18 +21,28 @@ from schemas.control import Command, Decision
 from schemas.workload import StackDump
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
+from streams.state import WorkerState
 
 NAME = AGGREGATION
 log = logging.getLogger(__name__)
 
 
-def register(ctx: WorkerContext, path: DetectionPath, jobs: JobDirectory) -> None:
+def register(
+    ctx: WorkerContext, path: DetectionPath, jobs: JobDirectory, state: WorkerState | None = None
+) -> None:
+    store = state.store(NAME) if state else None
+
+    def touch(job: str) -> None:
+        if state is not None:
+            state.touch(NAME, job)
+
     async def start_capture(dec: Decision) -> None:
         now = now_ms()
         if not path.wants_capture(dec, now):
             return
         spec = await jobs.spec(dec.job)
         out = path.start_capture(dec, spec.topology if spec is not None else None, now)
+        touch(dec.job)
         for ev in out:
             await ctx.emit(ev)
         commands = [c for c in out if isinstance(c, Command)]
@@ -49,16 +59,18 @@ def register(ctx: WorkerContext, path: DetectionPath, jobs: JobDirectory) -> Non
             await start_capture(ev)
         elif isinstance(ev, StackDump):
             path.add_dump(ev)
+            touch(ev.job)
 
     @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def aggregation(stream: Any) -> None:
         async for event in stream.events():
-            await ctx.guard(event, NAME, body)
+            await ctx.guard(event, NAME, body, store)
 
     @ctx.app.timer(CAPTURE_TICK_S)
     async def close_captures() -> None:
         now = now_ms()
         for cap in path.due_captures(now):
+            touch(cap.job)
             det = await asyncio.get_running_loop().run_in_executor(None, path.analyze, cap, now)
             if det.kind == "aggregation_failed":
                 log.error("over-eviction analysis of %s failed: %s", cap.capture_id, det.evidence["error"])

@@ -9,11 +9,16 @@ from schemas.base import Event, now_ms
 from schemas.control import Detection
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
+from streams.state import WorkerState
 
 NAME = DECIDE
 
 
-def register(ctx: WorkerContext, path: DetectionPath, jobs: JobDirectory) -> None:
+def register(
+    ctx: WorkerContext, path: DetectionPath, jobs: JobDirectory, state: WorkerState | None = None
+) -> None:
+    store = state.store(NAME) if state else None
+
     async def body(ev: Event) -> None:
         if not isinstance(ev, Detection):
             return
@@ -26,4 +31,4 @@ def register(ctx: WorkerContext, path: DetectionPath, jobs: JobDirectory) -> Non
     @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def decide(stream: Any) -> None:
         async for event in stream.events():
-            await ctx.guard(event, NAME, body)
+            await ctx.guard(event, NAME, body, store)

@@ -11,11 +11,14 @@ from typing import Any
 from detectors.routing import INPUTS, INSPECTION, DetectionPath
 from schemas.base import Event, now_ms
 from streams.context import WorkerContext
+from streams.state import WorkerState
 
 NAME = INSPECTION
 
 
-def register(ctx: WorkerContext, path: DetectionPath) -> None:
+def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None = None) -> None:
+    store = state.store(NAME) if state else None
+
     async def body(ev: Event) -> None:
         for det in path.findings(NAME, ev, now_ms()):
             await ctx.emit(det)
@@ -24,4 +27,4 @@ def register(ctx: WorkerContext, path: DetectionPath) -> None:
     @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def inspection(stream: Any) -> None:
         async for event in stream.events():
-            await ctx.guard(event, NAME, body)
+            await ctx.guard(event, NAME, body, store)

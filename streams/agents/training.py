@@ -19,8 +19,9 @@ from schemas.base import Event, now_ms
 from schemas.codec import decode
 from schemas.control import ActionEvent
 from schemas.topics import ACTIONS, STEPS
-from schemas.workload import TrainingStep
+from schemas.workload import ProcessExit, TrainingStep
 from streams.context import WorkerContext
+from streams.state import WorkerState
 
 NAME = TRAINING
 #: how far back a starting worker reads the action service's events.
@@ -43,8 +44,9 @@ class Ownership:
         return part is None or (self.ctx.topic_name(STEPS), part) in assigned
 
 
-def register(ctx: WorkerContext, path: DetectionPath) -> None:
+def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None = None) -> None:
     ownership = Ownership(ctx)
+    store = state.store(NAME) if state else None
     #: stall checks use the stream's time, so a lagging worker does not see every job stall.
     clock = StreamClock(idle_s=1.0)
 
@@ -52,6 +54,8 @@ def register(ctx: WorkerContext, path: DetectionPath) -> None:
         now = now_ms()
         if isinstance(ev, TrainingStep):
             clock.observe(ev.ts_ms, now)
+        if state is not None and isinstance(ev, TrainingStep | ProcessExit) and ev.job:
+            state.touch(NAME, ev.job)  # a step or an exit moves the job's monitor on
         for det in path.findings(NAME, ev, now):
             await ctx.emit(det)
             ctx.metrics.detections.labels(NAME).inc()
@@ -61,7 +65,7 @@ def register(ctx: WorkerContext, path: DetectionPath) -> None:
         async for event in stream.events():
             if event.message.topic == ctx.topic_name(STEPS) and isinstance(event.key, bytes):
                 ownership.partition[event.key.decode(errors="replace")] = event.message.partition
-            await ctx.guard(event, NAME, body)
+            await ctx.guard(event, NAME, body, store)
 
     def on_action(raw: bytes | None) -> None:
         # Every worker reads every action event: the stopped-job check must know which jobs a
@@ -81,5 +85,7 @@ def register(ctx: WorkerContext, path: DetectionPath) -> None:
     async def check_jobs() -> None:
         now = now_ms()
         for det in path.check(now, clock.now(now), keep=ownership.owned):
+            if state is not None:  # what was reported is state too (one report per stall)
+                state.touch(NAME, det.job)
             await ctx.emit(det)
             ctx.metrics.detections.labels(NAME).inc()

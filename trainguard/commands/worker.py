@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from infra.config import component_config
@@ -63,8 +65,30 @@ def worker(
             f"shadow worker {cfg.app_id}: topics trainguard.{cfg.topic_namespace}.*, no ClickHouse sink",
             err=True,
         )
+    if cfg.state_enabled:
+        _create_changelogs(s, cfg)
     built = build_app(s, cfg)
     faust.Worker(built.app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
+
+
+def _create_changelogs(s: Any, cfg: WorkerConfig) -> None:
+    """The state tables' changelog topics (Faust is not allowed to create topics); waits for the
+    broker like the worker itself would, saying so."""
+    import time
+
+    from infra.backoff import Backoff
+    from infra.bus import BusError, create_topics
+    from streams.state import changelog_topics
+
+    backoff = Backoff(initial_s=1.0, max_s=30.0)
+    while True:
+        try:
+            create_topics(s.kafka, changelog_topics(cfg.app_id))
+            return
+        except BusError as exc:
+            delay = backoff.next_delay()
+            click.echo(f"worker state topics: {exc}; retrying in {delay:.0f}s", err=True)
+            time.sleep(delay)
 
 
 COMMANDS = [worker]

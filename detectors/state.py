@@ -1,0 +1,180 @@
+"""Detector state as JSON: what a stream worker writes to its changelog and reads back after a
+restart or a rebalance.
+
+Detectors are plain objects (dicts, deques, floats); :func:`dump` turns one into a JSON document
+and :func:`load` turns the document back into an object of the same classes.  Only the classes
+named in :data:`ALLOWED` are ever built from a document, and only by setting their attributes
+(``object.__new__`` + ``__dict__``; a dataclass through its constructor, which validates): no
+code named by the document runs.  That is why
+this is not ``pickle``: a changelog is a Kafka topic, and whoever can produce to it would
+otherwise run code in every worker that restores from it.
+
+Configuration objects (``*Config`` dataclasses) are not stored: a restored detector is given the
+worker's current configuration (:meth:`detectors.routing.DetectionPath.reconfigure`), the same
+as a threshold changed at runtime.
+
+>>> from detectors.windows import WindowCounter
+>>> w = WindowCounter(window_s=300)
+>>> _ = w.observe(10.0)
+>>> back = load(dump(w))
+>>> back.observe(100.0), type(back).__name__
+(2, 'WindowCounter')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from collections import OrderedDict, deque
+from typing import Any
+
+from detectors.capture import Capture
+from detectors.stopped_job import RecoveryStatus, StoppedJobDetector
+from detectors.training import MfuDeclineDetector, SpikeDetector, StepStallDetector, StragglerDetector
+from detectors.windows import WindowCounter
+from schemas.base import Event
+from schemas.codec import decode as decode_event
+from schemas.codec import encode as encode_event
+from schemas.enums import Action, ProcessRole, Severity
+from schemas.topology import JobTopology
+from schemas.workload import StackDump
+
+#: the classes a document may build, by name (nothing else is ever instantiated from one).
+ALLOWED: dict[str, type[Any]] = {
+    c.__name__: c
+    for c in (
+        WindowCounter,
+        SpikeDetector,
+        StepStallDetector,
+        StragglerDetector,
+        MfuDeclineDetector,
+        StoppedJobDetector,
+        RecoveryStatus,
+        Capture,
+        JobTopology,
+    )
+}
+ENUMS: dict[str, type[enum.Enum]] = {c.__name__: c for c in (Action, Severity, ProcessRole)}
+#: schema events kept inside detector state (encoded with the wire codec, validated on load).
+EVENTS: dict[str, type[Event]] = {c.__name__: c for c in (StackDump,)}
+#: the document format; a document of another version is refused, not guessed at.
+VERSION = 1
+#: nesting bound on documents: state is a few levels deep; a deeper document is not ours.
+MAX_DEPTH = 32
+
+
+class StateError(ValueError):
+    """A state document that cannot be restored (garbage, another version, a class not allowed)."""
+
+
+def dump(obj: Any) -> str:
+    """``obj`` as a JSON document (see the module docstring for what may be in it)."""
+    return json.dumps({"v": VERSION, "s": _enc(obj, 0)}, separators=(",", ":"), allow_nan=False)
+
+
+def load(doc: str | bytes) -> Any:
+    """The object a :func:`dump` document describes; :class:`StateError` for anything else."""
+    try:
+        data = json.loads(doc)
+    except (ValueError, RecursionError) as exc:
+        raise StateError(f"not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("v") != VERSION or "s" not in data:
+        raise StateError(f"not a version-{VERSION} state document")
+    try:
+        return _dec(data["s"], 0)
+    except StateError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+        raise StateError(f"malformed state: {type(exc).__name__}: {exc}") from None
+
+
+def _is_config(v: Any) -> bool:
+    return dataclasses.is_dataclass(v) and not isinstance(v, type) and type(v).__name__.endswith("Config")
+
+
+def _enc(v: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise StateError("state nested too deeply")
+    d = depth + 1
+    if v is None or isinstance(v, bool | str):
+        return v
+    if isinstance(v, enum.Enum):
+        return {"$e": type(v).__name__, "v": v.value}
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"$f": repr(v)}
+    if isinstance(v, list):
+        return [_enc(x, d) for x in v]
+    if isinstance(v, tuple):
+        return {"$t": [_enc(x, d) for x in v]}
+    if isinstance(v, set | frozenset):
+        return {"$s": [_enc(x, d) for x in sorted(v, key=repr)]}
+    if isinstance(v, deque):
+        return {"$q": [_enc(x, d) for x in v], "max": v.maxlen}
+    if isinstance(v, dict):
+        kind = "$o" if isinstance(v, OrderedDict) else "$d"
+        return {kind: [[_enc(k, d), _enc(x, d)] for k, x in v.items()]}
+    name = type(v).__name__
+    if name in EVENTS and isinstance(v, EVENTS[name]):
+        return {"$ev": encode_event(v).decode()}
+    if name in ALLOWED and isinstance(v, ALLOWED[name]):
+        attrs = {k: _enc(x, d) for k, x in vars(v).items() if not _is_config(x)}
+        return {"$c": name, "a": attrs}
+    raise StateError(f"cannot store a {name} in detector state")
+
+
+def _dec(v: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise StateError("state nested too deeply")
+    d = depth + 1
+    if v is None or isinstance(v, bool | str | int | float):
+        return v
+    if isinstance(v, list):
+        return [_dec(x, d) for x in v]
+    if not isinstance(v, dict) or len(v) > 2:
+        raise StateError(f"unexpected {type(v).__name__} in state")
+    if "$f" in v:
+        f = float(v["$f"])
+        if math.isfinite(f):
+            raise StateError("a tagged float must be inf or nan")
+        return f
+    if "$e" in v:
+        cls = ENUMS.get(v["$e"])
+        if cls is None:
+            raise StateError(f"enum {v['$e']!r} not allowed in state")
+        return cls(v["v"])
+    if "$t" in v:
+        return tuple(_dec(x, d) for x in v["$t"])
+    if "$s" in v:
+        return {_dec(x, d) for x in v["$s"]}
+    if "$q" in v:
+        maxlen = v.get("max")
+        if maxlen is not None and (not isinstance(maxlen, int) or maxlen < 0):
+            raise StateError("bad deque bound")
+        return deque((_dec(x, d) for x in v["$q"]), maxlen=maxlen)
+    if "$d" in v or "$o" in v:
+        pairs = [(_dec(k, d), _dec(x, d)) for k, x in (v.get("$d") or v.get("$o") or [])]
+        return OrderedDict(pairs) if "$o" in v else dict(pairs)
+    if "$ev" in v:
+        name = next(iter(EVENTS))
+        ev = decode_event(str(v["$ev"]).encode())
+        if not isinstance(ev, tuple(EVENTS.values())):
+            raise StateError(f"event {type(ev).__name__} not allowed in state (only {name})")
+        return ev
+    if "$c" in v:
+        cls = ALLOWED.get(v["$c"])
+        if cls is None:
+            raise StateError(f"class {v['$c']!r} not allowed in state")
+        attrs = v.get("a")
+        if not isinstance(attrs, dict):
+            raise StateError("class state without attributes")
+        values = {str(k): _dec(x, d) for k, x in attrs.items()}
+        if dataclasses.is_dataclass(cls):  # through the constructor: it validates (a topology's sizes)
+            return cls(**values)
+        obj = object.__new__(cls)
+        obj.__dict__.update(values)
+        return obj
+    raise StateError(f"unknown state tag in {sorted(v)}")
