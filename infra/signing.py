@@ -73,10 +73,9 @@ class AuthError(ValueError):
 class SigningConfig:
     """The ``signing`` settings section."""
 
-    #: False: nothing signed, nothing verified.  Off by default until the demo and every test
-    #: path run signed (the embedded stack already creates the keys: `signing.enabled: true`
-    #: is all it takes to turn it on there).
-    enabled: bool = False
+    #: False: nothing signed, nothing verified (a cluster whose Kafka ACLs are the only guard).
+    #: On by default: `trainguard stack up` / `trainguard keys init` create the keys it needs.
+    enabled: bool = True
     #: "" -> ``<stack home>/keys``.
     keys_dir: str = ""
     #: which private key this process signs with ("" -> chosen by the component).

@@ -17,8 +17,10 @@ cannot help and must not stall every topic: :class:`BatchWriter` bisects that ta
 batch until the refused events are isolated, inserts the rest and dead-letters each refused event
 (``stage="sink:<table>"``, the server's message as the reason) on the dead-letter topic and in
 ``dead_letters``; an event whose row mapping raises is dead-lettered the same way without
-bisection.  Undecodable records are dead-lettered by the consumer (published to the dead-letter
-topic) and stored here.
+bisection.  Undecodable records, and records of the signed topics that fail verification
+(:mod:`infra.signing`: unsigned, forged, expired, replayed), are dead-lettered by the consumer
+(published to the dead-letter topic, stage ``decode`` or ``auth``) and stored here: a forged
+decision is kept as evidence in ``dead_letters``, never as a decision.
 
 No exception escapes :meth:`Sink.run`: an unexpected one is logged with its traceback, reported
 to the observer as a failure and handled like an outage (the batch is read again after a pause,
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from infra.backoff import Backoff
-from infra.bus import BusError, EventConsumer, EventProducer, dead_letter_for
+from infra.bus import BusError, EventConsumer, EventProducer, dead_letter_for, verifier_for
 from infra.clickhouse.rows import TABLES, Row
 from infra.clickhouse.store import ClickHouseStore, StoreError, describe_error
 from infra.config import Settings
@@ -282,6 +284,10 @@ class Sink:
                 topics or [t.name for t in TOPICS],
                 self.cfg.group_id or DEFAULT_GROUP,
                 producer=self.producer,
+                # A record of a signed topic that fails verification is dead-lettered (stage
+                # ``auth``, payload kept as evidence), never stored as a decision or a spec.
+                verifier=verifier_for(settings),
+                verify_at_record_time=True,  # stored late (an outage) is not acted on late
                 auto_offset_reset=auto_offset_reset,
             )
         except Exception:

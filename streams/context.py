@@ -108,9 +108,10 @@ class WorkerContext:
         self.track(msg)
         topic = self.registry.get(msg.topic)
         why = authentic(self.verifier, msg)
-        if why:  # never acted on; the sink still stores it (a forged record is evidence too)
-            log.warning("%s: not authentic, dead-lettering %s: %s", agent, coordinates(msg), why)
-            await self.dead_letter(msg, why, agent, "auth")
+        if why:  # never acted on; dead-lettered once, by the sink (which verifies too) if it runs
+            log.warning("%s: not authentic, skipping %s: %s", agent, coordinates(msg), why)
+            if not self.cfg.sink_enabled:
+                await self.dead_letter(msg, why, agent, "auth")
             return None
         try:
             return decode(event.value, expect=topic.event if topic else None)
@@ -179,9 +180,10 @@ class WorkerContext:
         :class:`DecodeError` is garbage, logged here with its coordinates and dead-lettered by
         the sink (which reads every topic) or, without a sink, here at stage ``decode``."""
         why = authentic(self.verifier, rec)
-        if why:
-            log.warning("%s: not authentic, dead-lettering %s: %s", name, coordinates(rec), why)
-            await self.dead_letter(rec, why, name, "auth")
+        if why:  # every worker reads a followed topic: the sink dead-letters it once
+            log.warning("%s: not authentic, skipping %s: %s", name, coordinates(rec), why)
+            if not self.cfg.sink_enabled:
+                await self.dead_letter(rec, why, name, "auth")
             return
         try:
             handle(rec.value)

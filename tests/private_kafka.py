@@ -9,6 +9,7 @@ from pathlib import Path
 
 from infra.bus import create_topics
 from infra.config import Settings, load_settings
+from infra.signing import init_keys
 from infra.stack.kafka import KafkaServer
 from schemas.topics import Topic
 from tests.net import free_ports
@@ -24,6 +25,7 @@ def private_kafka(home: Path, topics: Iterable[Topic]) -> Iterator[tuple[Setting
         "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller_port),
     }
     settings = load_settings(environ=env)
+    init_keys(home / "keys")  # what `stack up` does: the private home signs and verifies on its own
     server = KafkaServer(settings.stack)
     server.start()
     try:

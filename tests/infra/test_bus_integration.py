@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from infra.bus import EventConsumer, EventProducer
+from infra.bus import EventConsumer, EventProducer, signer_for
 from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings
 from infra.sink import Sink, SinkConfig
@@ -57,7 +57,7 @@ def _join_at_end(consumer: EventConsumer) -> None:
 def test_produce_consume_store_and_query_back(stack_settings: Settings) -> None:
     job = f"it-{uuid.uuid4().hex[:8]}"
     events = [e for e in one_of_each(job, now_ms()) if not isinstance(e, DeadLetter)]
-    producer = EventProducer(stack_settings.kafka)
+    producer = EventProducer(stack_settings.kafka, signer=signer_for(stack_settings, "operator"))
     topics = sorted({t.name for t in TOPICS if t is not DEAD_LETTERS})
     # A new group at the end of the topics, joined before we produce: the stack's history (every
     # earlier test and demo run) is not this test's business and can be large.
@@ -92,7 +92,7 @@ def test_produce_consume_store_and_query_back(stack_settings: Settings) -> None:
 
 def test_garbage_on_every_topic_ends_in_the_dead_letter_topic_and_table(stack_settings: Settings) -> None:
     tag = f"garbage-{uuid.uuid4().hex[:8]}"
-    producer = EventProducer(stack_settings.kafka)
+    producer = EventProducer(stack_settings.kafka, signer=signer_for(stack_settings, "operator"))
     inputs = [t for t in TOPICS if t is not DEAD_LETTERS]
     # inputs[0] is the GPU topic: it gets a gpu_batch of an unknown version.
     payloads = [

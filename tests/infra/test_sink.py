@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from infra.bus import EventProducer
+from infra.bus import EventProducer, signer_for
 from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings
 from infra.sink import BatchWriter, Sink, SinkConfig, SinkThread, Written
@@ -77,7 +77,7 @@ def test_clickhouse_down_loses_no_row(stack_settings: Settings, tmp_path: Path) 
     try:
         server.stop()
         runner.start()
-        producer = EventProducer(settings.kafka)
+        producer = EventProducer(settings.kafka, signer=signer_for(settings, "operator"))
         t0 = now_ms()
         for i in range(300):
             producer.send(TrainingStep(job=job, rank=i % 4, step=i // 4, ts_ms=t0 + i, loss=1.0))
@@ -125,7 +125,7 @@ def test_a_new_group_starting_at_the_end_keeps_its_start_through_an_outage(
     store = ClickHouseStore(settings.clickhouse)
     store.migrate()
     job = f"latest-{uuid.uuid4().hex[:8]}"
-    producer = EventProducer(settings.kafka)
+    producer = EventProducer(settings.kafka, signer=signer_for(settings, "operator"))
     t0 = now_ms()
     for i in range(20):  # history the new group must not store
         producer.send(TrainingStep(job=f"{job}-old", rank=0, step=i, ts_ms=t0 + i, loss=1.0))
@@ -179,7 +179,7 @@ def test_an_unexpected_error_is_retried_and_never_acks(stack_settings: Settings)
     store = ClickHouseStore(settings.clickhouse)
     stop = threading.Event()
     runner = threading.Thread(target=sink.run, args=(stop.is_set,), daemon=True)
-    producer = EventProducer(settings.kafka)
+    producer = EventProducer(settings.kafka, signer=signer_for(settings, "operator"))
     try:
         runner.start()
         _wait_for_committed_offsets(settings, cfg.group_id)
@@ -228,7 +228,7 @@ def test_a_poisoned_batch_stores_the_rest_dead_letters_the_poison_and_commits(
     stop = threading.Event()
     runner = threading.Thread(target=sink.run, args=(stop.is_set,), daemon=True)
     store = ClickHouseStore(settings.clickhouse)
-    producer = EventProducer(settings.kafka)
+    producer = EventProducer(settings.kafka, signer=signer_for(settings, "operator"))
     dlq_start = _end_offsets(settings, [DEAD_LETTERS])
     try:
         runner.start()
@@ -262,6 +262,11 @@ def test_a_poisoned_batch_stores_the_rest_dead_letters_the_poison_and_commits(
             key: _stage(ev, "decisions" if ev is poison_range else "training_steps")
             for key, ev in poison_at.items()
         }
+        # A forged (unsigned) decision: kept as evidence in dead_letters (stage auth), never stored
+        # as a decision.
+        forged = Decision(decision_id=f"{job}-forged", ts_ms=t0, job=job, action=Action.EVICT)
+        m = EventProducer(settings.kafka).send(forged).get(timeout=30)
+        expected[(m.topic, m.partition, m.offset)] = "auth"
 
         def dead_lettered() -> dict[tuple[str, int, int], str]:
             rows = store.query(
@@ -275,11 +280,11 @@ def test_a_poisoned_batch_stores_the_rest_dead_letters_the_poison_and_commits(
             lambda: (
                 store.count("training_steps", "job = %(j)s", {"j": job}) >= 30
                 and store.count("decisions", "job = %(j)s", {"j": job}) >= 3
-                and len(dead_lettered()) >= 2
+                and len(dead_lettered()) >= 3
             ),
             60,
             lambda: (
-                f"30 steps, 3 decisions and 2 dead letters of job {job} (dead letters: {dead_lettered()})"
+                f"30 steps, 3 decisions and 3 dead letters of job {job} (dead letters: {dead_lettered()})"
             ),
         )
         assert store.count("training_steps", "job = %(j)s", {"j": job}) == 30
@@ -308,7 +313,7 @@ def test_a_poisoned_batch_stores_the_rest_dead_letters_the_poison_and_commits(
         ]
         assert {(d.topic, d.partition, d.offset) for d in on_topic} == set(sink_made)
         assert runner.is_alive() and sink.stats.errors == 0 and not seen.failures
-        assert sink.stats.refused == len(sink_made) and seen.dead_letters == 2
+        assert sink.stats.refused == len(sink_made) and seen.dead_letters == 3  # decode x1, auth x1, sink x1
     finally:
         stop.set()
         runner.join(30)

@@ -50,7 +50,10 @@ class FakeApp:
 
 def make_ctx(**cfg: Any) -> tuple[WorkerContext, FakeApp]:
     app = FakeApp()
-    return WorkerContext(settings=load_settings(environ={}), cfg=WorkerConfig(**cfg), app=app), app
+    # Unsigned: these records are bad in their content; forged and unsigned records are
+    # tests/streams/test_signed_worker_live.py's business.
+    settings = load_settings(environ={"TRAINGUARD__SIGNING__ENABLED": "false"})
+    return WorkerContext(settings=settings, cfg=WorkerConfig(**cfg), app=app), app
 
 
 def message(value: bytes, offset: int, topic: str = DETECTIONS.name) -> Any:
