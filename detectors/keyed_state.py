@@ -8,13 +8,14 @@ partition that feeds it):
 stage        key    state
 ===========  =====  ===============================================================================
 inspection   node   rule count windows ("2 NIC flaps in 5 minutes"), GPU/NIC counter baselines
-training     job    the job monitor: step progress per rank (stall), step times (stragglers),
-                    loss/grad history (spikes), MFU baseline, exits, what was already reported
+training     job    the job monitor: step progress per rank (stall, stopped job), loss/grad
+                    history (spikes), MFU baseline, exits, what was already reported
 decide       job    the de-duplication window (the same fault again decides nothing new)
 aggregation  job    the capture cooldown and pending captures (their dumps are asked for again)
 ===========  =====  ===============================================================================
 
-The anomaly stage's learned per-node baselines are not kept: they re-learn within their warm-up.
+Not kept: the anomaly stage's learned per-node baselines (they re-learn within their warm-up)
+and the straggler detector's step times (they re-fill within its window).
 
 :meth:`PathState.take_dirty` says which keys changed, :meth:`PathState.snapshot` gives a key's
 state as a document (:mod:`detectors.state`), :meth:`PathState.restore` puts it back,
@@ -34,7 +35,10 @@ from schemas.control import Command, CommandKind, stable_id
 
 #: the stages whose state is kept, in :data:`detectors.routing.INPUTS` order.
 STATEFUL = (INSPECTION, TRAINING, DECIDE, AGGREGATION)
-_MONITOR_PARTS = ("spike", "stall", "straggler", "mfu", "stopped")
+#: the parts of a job monitor that are kept.  Not the straggler detector's step-time window: for a
+#: 10,000-rank job it is hundreds of thousands of samples, rewritten with every flush; it
+#: re-fills within its window (``monitor.straggler.window_s``) after a move.
+_MONITOR_PARTS = ("spike", "stall", "mfu", "stopped")
 
 
 class PathState:

@@ -94,6 +94,12 @@ def _is_config(v: Any) -> bool:
     return dataclasses.is_dataclass(v) and not isinstance(v, type) and type(v).__name__.endswith("Config")
 
 
+def _plain(v: Any) -> bool:
+    """A value JSON keeps as it is (finite floats only; ints and strings; not enums)."""
+    t = type(v)
+    return t is int or t is str or t is bool or v is None or (t is float and math.isfinite(v))
+
+
 def _enc(v: Any, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise StateError("state nested too deeply")
@@ -116,6 +122,8 @@ def _enc(v: Any, depth: int) -> Any:
         return {"$q": [_enc(x, d) for x in v], "max": v.maxlen}
     if isinstance(v, dict):
         kind = "$o" if isinstance(v, OrderedDict) else "$d"
+        if all(map(_plain, v.keys())) and all(map(_plain, v.values())):  # rank -> step: no recursion
+            return {kind: [[k, x] for k, x in v.items()]}
         return {kind: [[_enc(k, d), _enc(x, d)] for k, x in v.items()]}
     name = type(v).__name__
     if name in EVENTS and isinstance(v, EVENTS[name]):
