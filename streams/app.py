@@ -148,6 +148,8 @@ def _register_lag(ctx: WorkerContext) -> None:
         except Exception:
             return
         for tp in assignment:
+            if tp.topic not in ctx.registry:  # Faust's own topics (state changelogs): not agents' input
+                continue
             high = consumer.highwater(tp)
             if high is None:
                 continue

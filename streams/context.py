@@ -167,9 +167,11 @@ class WorkerContext:
             return
         try:
             if store is None or await store.before(event):
-                await body(ev)
-                if store is not None:
-                    await store.after(event)
+                try:
+                    await body(ev)
+                finally:
+                    if store is not None:
+                        store.after(event)
         except Exception as exc:  # one poisoned event must never stop the agent
             await self.reject(event.message, agent, exc)
         self.metrics.processed(agent)

@@ -1,19 +1,26 @@
-"""Detector state that survives a worker restart and a rebalance: one changelog-backed Faust table
-per stateful stage (:data:`detectors.keyed_state.STATEFUL`).
+"""Detector state that survives a worker restart and a rebalance: one compacted changelog topic
+per stateful stage (:data:`detectors.keyed_state.STATEFUL`), ``<app_id>-state-<stage>-changelog``.
 
 A stage's state is kept per key of its input (a node's rule windows, a job's monitor), so it
-lives with the input partition: the table ``state-<stage>`` has the input's partition count and
-each key's state goes to the changelog partition of the key's input partition.  Faust recovers a
-worker's active changelog partitions before its agents resume (after a start and after every
-rebalance), and then :meth:`StageStore.on_recovered` restores every key of the partitions this
-worker now owns -- eagerly, because a hung job sends nothing that would bring its monitor back.
+lives with the input partition: the changelog has the input's partition count and each key's
+state goes to the changelog partition of the key's input partition.  After every assignment (a
+start, a rebalance) the worker reads the changelog partitions of the input partitions it now owns
+to their end and restores every key in them (:meth:`WorkerState.restore`) -- eagerly, because a
+hung job sends nothing that would bring its monitor back -- and the agents wait for that before
+their next event (:meth:`StageStore.before`).
 
-What is written: after an event that changed a key's state (:meth:`detectors.keyed_state.PathState.
-take_dirty`), the key's state document, at most once per ``state_flush_s`` per key (the rest on a
-timer), together with the input offset of the last event applied to it.  An event at or below
-that offset was applied before the state was written: after a restart it is skipped, so a
-redelivered NIC flap is not counted twice in its window (Kafka delivery is at-least-once).
-Before a partition is given up the worker writes everything changed and flushes its producer,
+Why not Faust tables: with a table, Faust's recovery re-seeks every stream partition when it
+resumes them, and in the chaos suite's worker-kill scenario (``bench/chaos.py``) one Xid line in
+300 sent during the rebalance was never processed (2 runs in 3); with the changelog read here and
+Faust's plain rebalance path, none was lost.
+
+What is written: every ``state_flush_s``, the state document of each key whose state changed
+(:meth:`detectors.keyed_state.PathState.take_dirty`), together with the input offset of the last
+event applied to it -- after the worker's producer has flushed, so everything those events
+emitted is in Kafka first (:meth:`WorkerState.flush`).  An event at or below that offset was
+applied before the state was written: after a restart it is skipped, so a redelivered NIC flap is
+not counted twice in its window (Kafka delivery is at-least-once), and its detection or decision
+was not lost.  Before a partition is given up the worker writes everything changed and flushes,
 so the next owner's recovery sees it.
 
 A state document that does not restore (garbage on the changelog, another version, a class not
@@ -24,30 +31,32 @@ have without a changelog.  The changelog topics are compacted; ``trainguard work
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import time
 from typing import Any
 
 from detectors.keyed_state import STATEFUL, PathState
 from detectors.routing import INPUTS
 from detectors.state import StateError
+from infra.backoff import Backoff
 from schemas.base import Event, now_ms
 from schemas.topics import Topic
 from streams.context import WorkerContext
+from streams.kafka_compat import aiokafka_kwargs
 
 log = logging.getLogger(__name__)
 
 
-def table_name(stage: str) -> str:
-    return f"state-{stage}"
+def changelog_name(app_id: str, stage: str) -> str:
+    return f"{app_id}-state-{stage}-changelog"
 
 
 def changelog_topics(app_id: str) -> list[Topic]:
     """The changelog topics of a worker group's state tables (compacted, kept forever)."""
     return [
         Topic(
-            f"{app_id}-{table_name(stage)}-changelog",
+            changelog_name(app_id, stage),
             Event,
             "",
             INPUTS[stage][0].partitions,
@@ -66,12 +75,20 @@ class StageStore:
     def __init__(self, ctx: WorkerContext, state: PathState, stage: str) -> None:
         self.ctx, self.state, self.stage = ctx, state, stage
         self.topics = {ctx.topic_name(t) for t in INPUTS[stage]}
-        self.table = ctx.app.Table(
-            table_name(stage),
-            partitions=INPUTS[stage][0].partitions,
-            key_type=bytes,  # raw bytes both ways (Faust picks the raw serializer for bytes)
+        self.partitions = INPUTS[stage][0].partitions
+        self.changelog = changelog_name(ctx.cfg.app_id, stage)
+        self.topic = ctx.app.topic(
+            self.changelog,
+            key_type=bytes,
             value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=self.partitions,
+            internal=False,
         )
+        #: key -> its latest state record, for the keys of the partitions this worker owns.
+        self.latest: dict[str, bytes] = {}
+        self.ready = asyncio.Event()  # shared by every stage (WorkerState)
         #: key -> input partition it comes from (its changelog partition).
         self.partition_of: dict[str, int] = {}
         #: key -> input topic -> offset of the last event applied to its state.
@@ -79,8 +96,11 @@ class StageStore:
         #: keys looked up in the table since the last rebalance.
         self.loaded: set[str] = set()
         self.dirty: set[str] = set()
-        self.last_write: dict[str, float] = {}
-        self.flush_s = ctx.cfg.state_flush_s
+        #: the key whose event is being handled: its state may be half-changed, its output not
+        #: yet queued, so it is not written until the event is done.
+        self.inflight: str | None = None
+        #: >0 while a timer of the stage changes state and emits (the whole stage waits).
+        self.busy = 0
         self.restored = 0
         self.bad = 0
 
@@ -88,6 +108,7 @@ class StageStore:
 
     async def before(self, event: Any) -> bool:
         """Prepare ``event``'s key; False if the event is already in the stored state (skip it)."""
+        await self.ready.wait()  # the state of this assignment is restored first
         key = _key(event)
         if key is None:
             return True
@@ -95,34 +116,38 @@ class StageStore:
         self.partition_of[key] = msg.partition
         if key not in self.loaded:
             self.loaded.add(key)
-            raw = self.table.data.get(key.encode())
+            raw = self.latest.get(key)
             if raw is not None:
                 await self._restore(key, raw)
         done = self.applied.get(key, {}).get(msg.topic)
-        return done is None or msg.offset > done
+        if done is not None and msg.offset <= done:
+            return False
+        self.inflight = key
+        return True
 
-    async def after(self, event: Any) -> None:
+    def after(self, event: Any) -> None:
+        """``event`` is done with (handled or dead-lettered): its key may be written again."""
         key = _key(event)
         if key is not None:
             self.applied.setdefault(key, {})[event.message.topic] = event.message.offset
-        await self.flush(due_only=True)
+        self.inflight = None
 
     # -- writing ------------------------------------------------------------------------------
 
-    async def flush(self, due_only: bool = False) -> None:
-        """Write the changed keys' state (``due_only``: those not written within ``flush_s``)."""
+    def collect(self) -> list[tuple[str, int, bytes]]:
+        """The changed keys' state records (key, changelog partition, value), taken now: no await
+        between the snapshot and the applied offsets it is written with."""
         self.dirty |= self.state.take_dirty(self.stage)
-        if not self.dirty:
-            return
-        now = time.monotonic()
+        if self.busy:
+            return []
+        out = []
         for key in list(self.dirty):
-            if due_only and now - self.last_write.get(key, 0.0) < self.flush_s:
+            if key == self.inflight:
                 continue
             part = self.partition_of.get(key)
             if part is None:  # changed by a timer before any event of it was seen here
                 continue
             self.dirty.discard(key)
-            self.last_write[key] = now
             try:
                 value = json.dumps(
                     {"p": part, "o": self.applied.get(key, {}), "s": self.state.snapshot(self.stage, key)}
@@ -130,36 +155,33 @@ class StageStore:
             except (StateError, ValueError, TypeError) as exc:  # a detector holding the unstorable
                 log.error("state of %s %s not stored: %s", self.stage, key, exc)
                 continue
-            self.table.data[key.encode()] = value
-            self.table.send_changelog(part, key.encode(), value)
+            out.append((key, part, value))
+        return out
+
+    async def write(self, records: list[tuple[str, int, bytes]]) -> None:
+        for key, part, value in records:
+            self.latest[key] = value
+            await self.topic.send(key=key.encode(), value=value, partition=part)
             self.ctx.metrics.state_writes.labels(self.stage).inc()
 
     # -- rebalances ---------------------------------------------------------------------------
 
-    async def on_revoked(self) -> None:
-        """Before partitions move: write everything changed (the next owner recovers it)."""
-        await self.flush()
+    def owned(self, assigned: set[tuple[str, int]]) -> set[int]:
+        return {p for (topic, p) in assigned if topic in self.topics}
 
-    def on_recovered(self, assigned: set[tuple[str, int]]) -> list[Any]:
-        """After recovery: forget every key, then restore each key of the partitions owned now.
-
-        Returns the commands to send again (restored pending captures)."""
-        parts = {p for (topic, p) in assigned if topic in self.topics}
+    def reset(self, records: dict[str, bytes]) -> list[Any]:
+        """Forget every key, then restore each key of ``records`` (the changelog partitions owned
+        now, latest record per key).  Returns the commands to send again (pending captures)."""
         for key in self.state.keys(self.stage) | self.loaded:
             self.state.drop(self.stage, key)
         self.loaded.clear()
         self.applied.clear()
         self.dirty.clear()
+        self.latest = dict(records)
         out: list[Any] = []
-        for raw_key, raw in list(self.table.data.items()):
-            key = raw_key.decode(errors="replace")
-            try:
-                part = json.loads(raw)["p"]
-            except (ValueError, TypeError, KeyError):
-                part = None
-            if part in parts:
-                self.loaded.add(key)
-                out += self._restore_now(key, raw)
+        for key, raw in records.items():
+            self.loaded.add(key)
+            out += self._restore_now(key, raw)
         return out
 
     async def _restore(self, key: str, raw: bytes) -> None:
@@ -199,32 +221,128 @@ class WorkerState:
     def __init__(self, ctx: WorkerContext, state: PathState) -> None:
         self.ctx, self.state = ctx, state
         self.stores = {stage: StageStore(ctx, state, stage) for stage in STATEFUL}
+        #: set once the state of the current assignment is restored; the agents wait for it.
+        self.ready = asyncio.Event()
+        self.generation = 0
+        self._restoring: asyncio.Future[None] | None = None
+        for store in self.stores.values():
+            store.ready = self.ready
         app = ctx.app
 
         @app.on_partitions_revoked.connect
         async def on_revoked(app_: Any, revoked: Any, **_: Any) -> None:
-            for store in self.stores.values():
-                await store.on_revoked()
-            try:
-                await app.producer.flush()
-            except Exception as exc:  # the broker away: the next owner recovers what reached it
-                log.warning("flushing state before a rebalance failed: %s", exc)
+            # Faust has drained the agents by now.  What changed goes out (the next owner reads
+            # it), and no event is handled until the next assignment's state is restored.
+            self.ready.clear()
+            await self.flush(final=True)
 
-        @app.on_rebalance_complete.connect
-        async def on_recovered(app_: Any, **_: Any) -> None:
-            assigned = {(tp.topic, tp.partition) for tp in app.consumer.assignment()}
-            for store in self.stores.values():
-                for cmd in store.on_recovered(assigned):
-                    await ctx.emit(cmd)
-            log.info(
-                "state restored after a rebalance (keys per stage): %s",
-                {s: len(st.loaded) for s, st in self.stores.items()},
-            )
+        @app.on_partitions_assigned.connect
+        async def on_assigned(app_: Any, assigned: Any, **_: Any) -> None:
+            self.ready.clear()
+            self.generation += 1
+            owned = {(tp.topic, tp.partition) for tp in assigned}
+            if self._restoring is not None:
+                self._restoring.cancel()  # an older assignment's: this one replaces it
+            # In a task of its own: the rebalance callback returns at once (reading a large
+            # changelog must not hold up the group); the agents wait for ``ready``.
+            self._restoring = asyncio.ensure_future(self.restore(owned, self.generation))
 
         @app.timer(ctx.cfg.state_flush_s)
         async def flush_state() -> None:
-            for store in self.stores.values():
-                await store.flush(due_only=True)
+            await self.flush()
+
+    async def restore(self, assigned: set[tuple[str, int]], generation: int) -> None:
+        """Read the changelog partitions of ``assigned`` to their end and restore every stage from
+        them; then let the agents go on.  Retried while the broker is away."""
+        backoff = Backoff(initial_s=0.5, max_s=10.0)
+        while generation == self.generation:
+            try:
+                records = await self._read(assigned)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker away: the agents wait, the state is not guessed
+                delay = backoff.next_delay()
+                log.warning("reading worker state failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+        else:
+            return  # a newer assignment restores instead
+        if generation != self.generation:
+            return
+        for stage, store in self.stores.items():
+            for cmd in store.reset(records[stage]):
+                try:
+                    await self.ctx.emit(cmd)
+                except Exception as exc:
+                    log.error("could not ask again for the stacks of a restored capture: %s", exc)
+        self.ready.set()
+        log.info("state restored (keys per stage): %s", {s: len(st.loaded) for s, st in self.stores.items()})
+
+    async def _read(self, assigned: set[tuple[str, int]]) -> dict[str, dict[str, bytes]]:
+        """stage -> key -> latest record, from the changelog partitions of ``assigned``."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        want = {
+            TopicPartition(store.changelog, p): stage
+            for stage, store in self.stores.items()
+            for p in store.owned(assigned)
+        }
+        out: dict[str, dict[str, bytes]] = {stage: {} for stage in self.stores}
+        if not want:
+            return out
+        consumer = AIOKafkaConsumer(
+            **aiokafka_kwargs(self.ctx.settings.kafka), group_id=None, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            consumer.assign(list(want))
+            await consumer.seek_to_beginning(*want)
+            end = await consumer.end_offsets(list(want))
+            left = {tp for tp in want if end[tp] > 0}
+            while left:
+                batches = await consumer.getmany(*left, timeout_ms=1000, max_records=2000)
+                for tp, recs in batches.items():
+                    for rec in recs:
+                        if rec.key is not None:
+                            key = rec.key.decode(errors="replace")
+                            if rec.value is None:
+                                out[want[tp]].pop(key, None)
+                            else:
+                                out[want[tp]][key] = rec.value
+                for tp in list(left):
+                    if await consumer.position(tp) >= end[tp]:
+                        left.discard(tp)
+        finally:
+            await consumer.stop()
+        return out
+
+    async def flush(self, final: bool = False) -> None:
+        """Write every stage's changed state -- after the producer has flushed.
+
+        A state record says "events up to offset N are in here", and after a restart those events
+        are skipped.  So the decisions and detections those events produced must be in Kafka
+        before the record is: the snapshot is taken first (with its offsets, no await between),
+        then the producer is flushed (everything emitted so far is acknowledged), then the
+        records are sent.  Killed in between, the state is simply older and the events are
+        processed again (at-least-once), never skipped with their output lost.
+        """
+        records = {stage: store.collect() for stage, store in self.stores.items()}
+        if not any(records.values()):
+            return
+        try:
+            await self.ctx.app.producer.flush()
+        except Exception as exc:  # the broker away: keep the keys dirty, try again next round
+            log.warning("state not written (outputs not flushed: %s)", exc)
+            for stage, recs in records.items():
+                self.stores[stage].dirty |= {key for key, _, _ in recs}
+            return
+        for stage, recs in records.items():
+            await self.stores[stage].write(recs)
+        if final:
+            try:
+                await self.ctx.app.producer.flush()
+            except Exception as exc:  # the next owner recovers what reached the broker
+                log.warning("flushing state before a rebalance failed: %s", exc)
 
     def touch(self, stage: str, key: str) -> None:
         """``key``'s state in ``stage`` changed (what only the caller knows: a step, a timer)."""

@@ -68,6 +68,16 @@ def register(
 
     @ctx.app.timer(CAPTURE_TICK_S)
     async def close_captures() -> None:
+        # A closed capture is gone from the state: not written before its verdict is sent.
+        if store is not None:
+            store.busy += 1
+        try:
+            await _close_captures()
+        finally:
+            if store is not None:
+                store.busy -= 1
+
+    async def _close_captures() -> None:
         now = now_ms()
         for cap in path.due_captures(now):
             touch(cap.job)

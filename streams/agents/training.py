@@ -84,8 +84,14 @@ def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None 
     @ctx.app.timer(ctx.cfg.check_interval_s)
     async def check_jobs() -> None:
         now = now_ms()
-        for det in path.check(now, clock.now(now), keep=ownership.owned):
-            if state is not None:  # what was reported is state too (one report per stall)
-                state.touch(NAME, det.job)
-            await ctx.emit(det)
-            ctx.metrics.detections.labels(NAME).inc()
+        if store is not None:  # its reports are state too: not written before they are sent
+            store.busy += 1
+        try:
+            for det in path.check(now, clock.now(now), keep=ownership.owned):
+                if state is not None:  # one report per stall, also after a restart
+                    state.touch(NAME, det.job)
+                await ctx.emit(det)
+                ctx.metrics.detections.labels(NAME).inc()
+        finally:
+            if store is not None:
+                store.busy -= 1
