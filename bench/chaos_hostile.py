@@ -92,6 +92,9 @@ OUT_OF_RANGE: dict[str, list[tuple[str, Any]]] = {
     "job_spec": [("topology", {"job": "j", "tp": 0})],
 }
 
+#: an exporter that runs only the sources a scenario needs (kernel log, heartbeat, commands).
+QUIET_SOURCES = [f for src in ("nvml", "nic", "host", "process", "reporter") for f in ("--disable", src)]
+
 
 def sample(topic: Topic, tag: str) -> Event:
     """A valid event of ``topic``'s type (the base that mutations break)."""
@@ -207,18 +210,7 @@ def fuzz_flood(stack: ChaosStack, size: Size) -> Result:
     exporter = stack.exporter(
         f"{job}-n0",
         job,
-        [
-            "--disable",
-            "nvml",
-            "--disable",
-            "nic",
-            "--disable",
-            "host",
-            "--disable",
-            "process",
-            "--disable",
-            "reporter",
-        ],
+        [*QUIET_SOURCES],
         {},
     ).start()
     stack.send(job_spec(job, 4))
@@ -368,16 +360,7 @@ def forged_control(stack: ChaosStack, size: Size) -> Result:
         node,
         job,
         [
-            "--disable",
-            "nvml",
-            "--disable",
-            "nic",
-            "--disable",
-            "host",
-            "--disable",
-            "process",
-            "--disable",
-            "reporter",
+            *QUIET_SOURCES,
             "--interval",
             "heartbeat=2",
         ],

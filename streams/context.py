@@ -72,16 +72,20 @@ class WorkerContext:
 
     def faust_topic(self, t: Topic) -> Any:
         if t.name not in self.topics:
-            self.topics[t.name] = self.app.topic(
-                self.topic_name(t),
-                key_type=bytes,
-                value_type=bytes,
-                key_serializer="raw",
-                value_serializer="raw",
-                partitions=t.partitions,
-                internal=False,
-            )
+            self.topics[t.name] = self.raw_topic(self.topic_name(t), t.partitions)
         return self.topics[t.name]
+
+    def raw_topic(self, name: str, partitions: int) -> Any:
+        """A Faust topic of raw bytes (keys and values: our codec does the decoding)."""
+        return self.app.topic(
+            name,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=partitions,
+            internal=False,
+        )
 
     def faust_topics(self, *ts: Topic) -> Any:
         """One Faust topic object subscribed to several registry topics."""

@@ -77,15 +77,7 @@ class StageStore:
         self.topics = {ctx.topic_name(t) for t in INPUTS[stage]}
         self.partitions = INPUTS[stage][0].partitions
         self.changelog = changelog_name(ctx.cfg.app_id, stage)
-        self.topic = ctx.app.topic(
-            self.changelog,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=self.partitions,
-            internal=False,
-        )
+        self.topic = ctx.raw_topic(self.changelog, self.partitions)
         #: key -> its latest state record, for the keys of the partitions this worker owns.
         self.latest: dict[str, bytes] = {}
         self.ready = asyncio.Event()  # shared by every stage (WorkerState)

@@ -98,6 +98,8 @@ def test_clickhouse_down_loses_no_row(stack_settings: Settings, tmp_path: Path) 
         )
         assert store.count("training_steps", "job = %(j)s", {"j": job}) == 300
         assert runner.is_alive()  # the worker survived the outage
+        # The rows are visible in ClickHouse a moment before the sink thread counts its batch.
+        wait_until(lambda: sink.stats.rows.get("training_steps", 0) >= 300, 10, "the sink to count its rows")
         assert (
             sum(rows.get("training_steps", 0) for rows, _ in seen.stored) == sink.stats.rows["training_steps"]
         )
