@@ -78,14 +78,12 @@ class StageStore:
         self.partitions = INPUTS[stage][0].partitions
         self.changelog = changelog_name(ctx.cfg.app_id, stage)
         self.topic = ctx.raw_topic(self.changelog, self.partitions)
-        #: key -> its latest state record, for the keys of the partitions this worker owns.
-        self.latest: dict[str, bytes] = {}
         self.ready = asyncio.Event()  # shared by every stage (WorkerState)
         #: key -> input partition it comes from (its changelog partition).
         self.partition_of: dict[str, int] = {}
         #: key -> input topic -> offset of the last event applied to its state.
         self.applied: dict[str, dict[str, int]] = {}
-        #: keys looked up in the table since the last rebalance.
+        #: keys restored at the last assignment (every key of the changelog partitions owned).
         self.loaded: set[str] = set()
         self.dirty: set[str] = set()
         #: the key whose event is being handled: its state may be half-changed, its output not
@@ -93,8 +91,6 @@ class StageStore:
         self.inflight: str | None = None
         #: >0 while a timer of the stage changes state and emits (the whole stage waits).
         self.busy = 0
-        self.restored = 0
-        self.bad = 0
 
     # -- around each event --------------------------------------------------------------------
 
@@ -106,11 +102,6 @@ class StageStore:
             return True
         msg = event.message
         self.partition_of[key] = msg.partition
-        if key not in self.loaded:
-            self.loaded.add(key)
-            raw = self.latest.get(key)
-            if raw is not None:
-                await self._restore(key, raw)
         done = self.applied.get(key, {}).get(msg.topic)
         if done is not None and msg.offset <= done:
             return False
@@ -152,7 +143,6 @@ class StageStore:
 
     async def write(self, records: list[tuple[str, int, bytes]]) -> None:
         for key, part, value in records:
-            self.latest[key] = value
             await self.topic.send(key=key.encode(), value=value, partition=part)
             self.ctx.metrics.state_writes.labels(self.stage).inc()
 
@@ -169,16 +159,11 @@ class StageStore:
         self.loaded.clear()
         self.applied.clear()
         self.dirty.clear()
-        self.latest = dict(records)
         out: list[Any] = []
         for key, raw in records.items():
             self.loaded.add(key)
             out += self._restore_now(key, raw)
         return out
-
-    async def _restore(self, key: str, raw: bytes) -> None:
-        for cmd in self._restore_now(key, raw):
-            await self.ctx.emit(cmd)
 
     def _restore_now(self, key: str, raw: bytes) -> list[Any]:
         try:
@@ -191,11 +176,9 @@ class StageStore:
             if isinstance(rec.get("p"), int):
                 self.partition_of[key] = rec["p"]
         except (StateError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            self.bad += 1
             log.error("state of %s %s not restored (starting from empty): %s", self.stage, key, exc)
             self.state.drop(self.stage, key)
             return []
-        self.restored += 1
         self.ctx.metrics.state_restores.labels(self.stage).inc()
         return commands
 
