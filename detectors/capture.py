@@ -168,6 +168,9 @@ class Captures:
         self.config = config or AggregationConfig()
         self.pending: dict[str, Capture] = {}  # capture_id -> capture
         self.last_capture_ms: dict[str, int] = {}  # job -> when its last capture was requested
+        #: capture_id -> what has answered so far (not state: the dumps are asked for again after
+        #: a restore, and this is rebuilt from them).
+        self._answers: dict[str, _Answers] = {}
 
     def wants(self, job: str, now_ms: int) -> bool:
         """Whether a new capture of ``job`` may start now (none pending, cooldown over)."""
@@ -222,9 +225,46 @@ class Captures:
         if cap is None:
             return False
         cap.add(d)
+        self._answers.setdefault(d.capture_id, _Answers()).add(d)
         return True
+
+    def drop(self, capture_id: str) -> None:
+        """Forget a pending capture (its job moved to another worker)."""
+        self.pending.pop(capture_id, None)
+        self._answers.pop(capture_id, None)
+
+    def complete(self, capture_id: str) -> bool:
+        """Every rank's main process and every process of its tree answered in every round: the
+        capture can be judged now, nothing more is coming (the timer would close it at its next
+        tick; a hang's eviction waits for that tick otherwise)."""
+        cap = self.pending.get(capture_id)
+        answers = self._answers.get(capture_id)
+        if cap is None or answers is None:
+            return False
+        return len(answers.mains) >= cap.rounds * cap.topology.world_size and not answers.outstanding
 
     def due(self, now_ms: int) -> list[Capture]:
         """Remove and return the captures ready for analysis (complete or past their deadline)."""
         ready = [cid for cid, cap in self.pending.items() if cap.ready(now_ms)]
+        for cid in ready:
+            self._answers.pop(cid, None)
         return [self.pending.pop(cid) for cid in ready]
+
+
+class _Answers:
+    """The dumps one capture has received, counted as they come: whether it is complete is a set
+    lookup, not a pass over every dump (a 10,000-rank capture is tens of thousands of dumps)."""
+
+    def __init__(self) -> None:
+        self.mains: set[tuple[int, int]] = set()  # (round, rank) with a good main-process dump
+        self.pids: set[tuple[int, int]] = set()  # (round, pid) that answered
+        self.outstanding: set[tuple[int, int]] = set()  # (round, pid) named in a tree, not yet seen
+
+    def add(self, d: StackDump) -> None:
+        self.pids.add((d.round, d.pid))
+        self.outstanding.discard((d.round, d.pid))
+        if d.role is ProcessRole.MAIN and d.rank >= 0 and not d.error:
+            self.mains.add((d.round, d.rank))
+            for p in d.process_tree:
+                if (d.round, p.pid) not in self.pids:
+                    self.outstanding.add((d.round, p.pid))

@@ -72,7 +72,7 @@ class JobMonitor:
         self.node_of[e.rank] = e.node or self.node_of.get(e.rank, "")
         self.alive[e.rank] = True
         ts = e.ts_ms / 1000
-        self.stall.update(e.rank, e.step, ts)
+        self.stall.update(e.rank, e.step, ts, e.step_time_s)
         self.stopped.update(e.rank, e.step, ts)
         self._last_step_ts_ms = max(self._last_step_ts_ms, e.ts_ms)
         if e.step_time_s is not None:
@@ -111,14 +111,21 @@ class JobMonitor:
         now = now_ms / 1000
         out = []
         stream_now = (stream_now_ms if stream_now_ms is not None else now_ms) / 1000
-        hang = self.stall.check(stream_now, alive=self.alive or None)
+        status = recoveries or RecoveryStatus()
+        # A job a recovery is stopping, restarting or holding makes no progress on purpose; after
+        # it, the stall is counted from the recovery's end, not from the last step before it.
+        hang = (
+            None
+            if status.busy(stream_now, self.config.stopped.recovery_silence_s)
+            else self.stall.check(stream_now, alive=self.alive or None, since=status.last_stop_end)
+        )
         if hang is not None:
             max_step = int(hang.evidence["max_step"])
             if self._hang_reported_at_step != max_step:
                 self._hang_reported_at_step = max_step
                 # Keyed by the stalled step: re-checking the same stall yields the same id.
                 out.append(self._det(hang, self._last_step_ts_ms, now_ms, ("hang", max_step)))
-        stopped = self.stopped.check(stream_now, recoveries or RecoveryStatus())
+        stopped = self.stopped.check(stream_now, status)
         if stopped is not None:
             quiet_ms = int((stream_now - float(stopped.score or 0)) * 1000)
             out.append(self._det(stopped, quiet_ms, now_ms, ("stopped", quiet_ms)))

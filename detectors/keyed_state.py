@@ -171,7 +171,7 @@ class PathState:
         elif stage == AGGREGATION:
             p.captures.last_capture_ms.pop(key, None)
             for cid in [cid for cid, c in p.captures.pending.items() if c.job == key]:
-                del p.captures.pending[cid]
+                p.captures.drop(cid)
         else:
             raise ValueError(f"{stage!r} keeps no state")
         self._dirty[stage].discard(key)

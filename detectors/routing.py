@@ -241,6 +241,10 @@ class DetectionPath:
         cap.add(dump)
         return True
 
+    def capture_complete(self, dump: StackDump) -> bool:
+        """Whether ``dump`` completed its capture (judge it now rather than at the next tick)."""
+        return self.captures.complete(dump.capture_id)
+
     def due_captures(self, now_ms: int) -> list[Capture]:
         """The aggregation timer: the captures ready for :meth:`analyze` (complete or past deadline)."""
         return self.captures.due(now_ms)

@@ -43,6 +43,8 @@ from schemas.typecheck import bounds
 
 #: recovery-level phases that end a recovery (the ``recovery`` step's events).
 _ENDS = frozenset({"succeeded", "failed"})
+#: recovery steps that stop the job's ranks: the job makes no progress until the recovery ends.
+STOPPING_STEPS = frozenset({"stop", "evict", "restart"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,14 @@ class RecoveryStatus:
         self.last_id = ""
         self.last_state = ""
 
+    #: the end of the latest recovery that stopped the job's ranks (:data:`STOPPING_STEPS`): a
+    #: stall is counted from it.  Not any recovery's end: a stream of no-op recoveries (a flapping
+    #: NIC tolerated every few seconds) would otherwise postpone a hang forever.  Class-level
+    #: defaults: a state document written before these existed restores without them.
+    last_stop_end: float | None = None
+    #: open recoveries that ran a stopping step.
+    stopping: frozenset[str] = frozenset()
+
     def observe(self, decision_id: str, step: str, phase: str, ts: float) -> None:
         """Record one action event (``step`` is ``recovery`` for the recovery's own events)."""
         if step == "recovery" and phase in _ENDS:
@@ -74,7 +84,12 @@ class RecoveryStatus:
             self.held.discard(decision_id)
             if self.last_end is None or ts >= self.last_end:
                 self.last_end, self.last_id, self.last_state = ts, decision_id, phase
+            if decision_id in self.stopping:
+                self.stopping = self.stopping - {decision_id}
+                self.last_stop_end = ts if self.last_stop_end is None else max(self.last_stop_end, ts)
             return
+        if step in STOPPING_STEPS:
+            self.stopping = self.stopping | {decision_id}
         if phase == "held":
             self.held.add(decision_id)
         else:

@@ -112,19 +112,39 @@ class SpikeDetector:
 
 @dataclass(frozen=True)
 class StallConfig:
-    """Settings of :class:`StepStallDetector`."""
+    """Settings of :class:`StepStallDetector`.
 
-    #: no step progress on any rank for this long is a hang suspicion.
+    The threshold follows the job's own step time: ``step_time_factor`` x the
+    ``step_time_quantile`` of its recent step times, never below ``min_stall_s`` and never above
+    ``stall_s``.  A job stepping every second is called hung after ``min_stall_s`` (10 s by
+    default), one stepping every minute after about five minutes -- where a fixed threshold is
+    either an NCCL timeout late for the first or a false alarm for the second.  Until
+    ``min_step_samples`` step times are known (a job's first steps), and with
+    ``step_time_factor = 0``, the threshold is ``stall_s``.
+    """
+
+    #: the longest a job may make no progress: the cap of the derived threshold and the threshold
+    #: until the job's step time is known.  Keep it well under the collective (NCCL) timeout.
     stall_s: float = field(default=600.0, metadata=bounds(1.0, 1e7))
+    #: the derived threshold is this many times a high quantile of recent step times (0: off).
+    step_time_factor: float = field(default=5.0, metadata=bounds(0.0, 1e4))
+    step_time_quantile: float = field(default=0.99, metadata=bounds(0.5, 1.0))
+    #: the derived threshold's floor: a scheduler hiccup or a GC pause is not a hang.
+    min_stall_s: float = field(default=10.0, metadata=bounds(0.1, 1e7))
+    #: recent step times kept, all ranks together, and how many are needed before they are used.
+    step_time_window: int = field(default=512, metadata=bounds(1, 1_000_000))
+    min_step_samples: int = field(default=20, metadata=bounds(1, 1_000_000))
     #: a rank whose last heartbeat is older than this counts as dead, not hung.
     heartbeat_timeout_s: float = field(default=60.0, metadata=bounds(0.1, 1e7))
 
 
 class StepStallDetector:
-    """Hang suspicion: every live rank stopped advancing its step for ``stall_s`` seconds.
+    """Hang suspicion: every live rank stopped advancing its step for longer than the threshold
+    (:meth:`threshold_s`: derived from the job's step time, see :class:`StallConfig`).
 
     A dead rank makes this a crash, handled by exit codes and logs, so no hang is reported
-    while any tracked rank is dead.
+    while any tracked rank is dead.  ``since`` (the end of the job's last recovery) moves the
+    start of a stall forward: a restarted job is not stalled for the time it was stopped.
 
     Examples
     --------
@@ -137,7 +157,21 @@ class StepStallDetector:
     >>> f = d.check(now=80.0, alive={0: True, 1: True, 2: True, 3: True})
     >>> f.kind, f.action.value, f.ranks, f.evidence["last_step"][3]
     ('hang', 'aggregate', (3,), 100)
+
+    With the step time known, the threshold follows it (5 x p99 of 0.5 s steps, floored at 10 s):
+
+    >>> d = StepStallDetector(StallConfig(stall_s=600), job="j")
+    >>> for step in range(1, 30):
+    ...     d.update(0, step, ts=step * 0.5, step_time_s=0.5)
+    >>> d.threshold_s()
+    10.0
+    >>> d.check(now=14.0 + 10.5).evidence["threshold_s"]
+    10.0
     """
+
+    #: recent step times (seconds), all ranks together; created on the first one (a state
+    #: document written before the window existed restores without it).
+    _times: deque[float] | None = None
 
     def __init__(self, config: StallConfig | None = None, job: str | None = None) -> None:
         self.config = config or StallConfig()
@@ -145,27 +179,54 @@ class StepStallDetector:
         self._step: dict[int, int] = {}
         self._progress_ts: dict[int, float] = {}
 
-    def update(self, rank: int, step: int, ts: float) -> None:
-        """Record that ``rank`` reported ``step`` at ``ts``; a step other than the rank's last is
-        progress.  That includes a step *lower* than before: a job restarted from a checkpoint
-        recomputes the steps it lost, and taking that for no progress made every rewind of more
-        than ``stall_s`` worth of steps (a NaN's last good checkpoint) look like a hang."""
+    def update(self, rank: int, step: int, ts: float, step_time_s: float | None = None) -> None:
+        """Record that ``rank`` reported ``step`` at ``ts`` (taking ``step_time_s``, as the rank
+        measured it, or else the time since its previous step); a step other than the rank's
+        last is progress.  That includes a step *lower* than before: a job restarted from a
+        checkpoint recomputes the steps it lost, and taking that for no progress made every rewind
+        of more than ``stall_s`` worth of steps (a NaN's last good checkpoint) look like a hang."""
         if isinstance(step, bool) or not isinstance(step, int) or _finite(ts) is None:
             return
-        if rank not in self._step or step != self._step[rank]:
-            self._step[rank] = step
-            self._progress_ts[rank] = ts
+        previous = self._step.get(rank)
+        if previous is not None and step == previous:
+            return
+        duration = _finite(step_time_s)
+        if duration is None and previous is not None and step == previous + 1:
+            # The time since the rank's last step -- unless that spans a stop: no step time at
+            # all is better than a restart's outage taken for a step.
+            gap = ts - self._progress_ts[rank]
+            duration = gap if 0 < gap < self.config.stall_s else None
+        if duration is not None and duration > 0:
+            if self._times is None or self._times.maxlen != self.config.step_time_window:
+                self._times = deque(self._times or (), maxlen=self.config.step_time_window)
+            self._times.append(duration)
+        self._step[rank] = step
+        self._progress_ts[rank] = ts
+
+    def threshold_s(self) -> float:
+        """How long no progress is a stall now: ``step_time_factor`` x the step-time quantile
+        within [``min_stall_s``, ``stall_s``], or ``stall_s`` while too few step times are known."""
+        cfg = self.config
+        times = self._times
+        if cfg.step_time_factor <= 0 or times is None or len(times) < cfg.min_step_samples:
+            return cfg.stall_s
+        ordered = sorted(times)
+        q = ordered[min(len(ordered) - 1, int(cfg.step_time_quantile * len(ordered)))]
+        return min(cfg.stall_s, max(cfg.min_stall_s, cfg.step_time_factor * q))
 
     def check(
         self,
         now: float,
         alive: Mapping[int, bool] | None = None,
         heartbeats: Mapping[int, float] | None = None,
+        since: float | None = None,
     ) -> Finding | None:
-        """A hang finding if no rank progressed for ``stall_s`` while all are alive, else None.
+        """A hang finding if no rank progressed for :meth:`threshold_s` while all are alive, else
+        None.
 
         ``alive`` (rank -> process alive) wins over ``heartbeats`` (rank -> last heartbeat ts);
-        with neither, every rank that ever reported is assumed alive.
+        with neither, every rank that ever reported is assumed alive.  ``since``: a stall
+        starts no earlier (the end of the job's last recovery).
         """
         ranks = set(self._step) | set(alive or {}) | set(heartbeats or {})
         if not ranks or not self._progress_ts:
@@ -179,8 +240,11 @@ class StepStallDetector:
         if live != ranks:
             return None
         last_progress = max(self._progress_ts.values())
+        if since is not None and since > last_progress:
+            last_progress = since
         stalled_for = now - last_progress
-        if stalled_for < self.config.stall_s:
+        threshold = self.threshold_s()
+        if stalled_for < threshold:
             return None
         top = max(self._step.values())
         behind = sorted(r for r in ranks if self._step.get(r, -1) < top) or sorted(ranks)
@@ -194,6 +258,8 @@ class StepStallDetector:
             score=stalled_for,
             evidence={
                 "stalled_for_s": stalled_for,
+                "threshold_s": round(threshold, 3),
+                "step_times_known": len(self._times or ()),
                 "max_step": top,
                 "last_step": {r: self._step.get(r) for r in sorted(ranks)},
                 "ranks_behind": behind if behind != sorted(ranks) else [],

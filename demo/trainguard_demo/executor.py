@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -50,6 +51,8 @@ from trainguard_demo.launcher import (
 )
 from trainguard_demo.node import start_exporter
 from trainguard_demo.zygote import pending_requests, zygote_pid
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -179,16 +182,24 @@ class LocalExecutor:
                     pools.setdefault(pool, []).append(pid)
         return pools
 
-    def _kill(self, pids: list[int]) -> None:
-        for sig, wait in ((signal.SIGTERM, self.cfg.stop_grace_s), (signal.SIGKILL, 5.0)):
+    def _kill(self, pids: list[int], grace_s: float | None = None) -> None:
+        """Stop ``pids`` (and their process groups): SIGTERM, then SIGKILL after ``grace_s``
+        (default ``stop_grace_s``; 0 for idle processes that hold nothing worth a clean exit)."""
+        t0 = time.monotonic()
+        grace = self.cfg.stop_grace_s if grace_s is None else grace_s
+        steps = ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)) if grace > 0 else ((signal.SIGKILL, 5.0),)
+        for sig, wait in steps:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)  # each rank leads its group: its DataLoader worker goes too
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline and any(LIVE.alive(p) for p in pids):
-                time.sleep(0.05)
+                time.sleep(0.02)
             if not any(LIVE.alive(p) for p in pids):
-                return
+                break
+        took = time.monotonic() - t0
+        if took > 1.0:  # every second here is a second of the job stopped
+            log.warning("stopping %d processes took %.2f s (%s first)", len(pids), took, steps[0][0].name)
 
     # -- the Executor protocol ----------------------------------------------------------------
     def prepare(self) -> None:
@@ -203,8 +214,9 @@ class LocalExecutor:
         procs = self._processes()
         spares = [pid for m in machines for pids in self._spares(m, procs).values() for pid in pids]
         zygotes = [p for m in machines if (p := zygote_pid(self.cluster, m)) is not None]
-        # The machine leaves with its pools and its zygote.
-        self._kill(self._ranks(spec.job, set(machines), procs) + spares + zygotes)
+        # The machine leaves with its pools and its zygote: idle processes, killed outright (its
+        # ranks were stopped before, with their grace).
+        self._kill(self._ranks(spec.job, set(machines), procs) + spares + zygotes, grace_s=0)
         for m in machines:
             d = self.cluster / "machines" / m
             d.mkdir(parents=True, exist_ok=True)

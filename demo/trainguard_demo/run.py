@@ -86,7 +86,11 @@ class DemoConfig:
     ranks_per_machine: int = 2
     standbys: int = 2
     steps: int = 100_000
+    #: a stall is a hang after 3 x the p99 step time (about 2.5 s here: 0.3-0.8 s steps, up to
+    #: 1.6 s when the two cores are busiest), never before 2 s nor after 6 s.
     stall_s: float = 6.0
+    stall_factor: float = 3.0
+    min_stall_s: float = 2.0
     incident_timeout_s: float = 150.0
     settle_steps: int = 5
     #: healthy training between one fault's recovery and the next injection.
@@ -151,9 +155,14 @@ class Demo:
                 "app_id": f"{self.job}-worker",
                 "web_port": self.cfg.web_port,
                 "auto_offset_reset": "latest",
-                "check_interval_s": 1.0,
+                # Stalls are checked twice a second: a hang is found at most 0.5 s past its threshold.
+                "check_interval_s": 0.5,
                 "monitor": {
-                    "stall": {"stall_s": self.cfg.stall_s},
+                    "stall": {
+                        "stall_s": self.cfg.stall_s,
+                        "step_time_factor": self.cfg.stall_factor,
+                        "min_stall_s": self.cfg.min_stall_s,
+                    },
                     # Eight ranks share two cores here: a rank 10-20% slower than the median is
                     # noise from its neighbours (restarts, warm pools), not a failing machine.
                     "straggler": {"min_slowdown": 1.5},

@@ -4,9 +4,10 @@ stacks and find the parallel group to evict.
 ``aggregate`` decisions and stack dumps are both keyed by job (and co-partitioned), so one
 worker sees a job's request and every answer.  A request becomes one ``capture_stacks`` command
 per machine of the job (one round for a hang, ``fail_slow_rounds`` rounds ``fail_slow_interval_s``
-apart for fail-slow); a timer closes captures that are complete or past their deadline and runs
-the over-eviction classifier in a thread, off the event loop.  The result is a detection (kind
-``over_eviction``) that the decide agent turns into an eviction of the group.
+apart for fail-slow); a capture is closed as soon as its last answer arrives (a timer closes the
+ones past their deadline) and the over-eviction classifier runs in a thread, off the event loop.
+The result is a detection (kind ``over_eviction``) that the decide agent turns into an eviction of
+the group.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def register(
         elif isinstance(ev, StackDump):
             path.add_dump(ev)
             touch(ev.job)
+            if path.capture_complete(ev):  # the last answer: judge now, not at the next tick
+                await close_captures_now()
 
     @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def aggregation(stream: Any) -> None:
@@ -68,6 +71,9 @@ def register(
 
     @ctx.app.timer(CAPTURE_TICK_S)
     async def close_captures() -> None:
+        await close_captures_now()
+
+    async def close_captures_now() -> None:
         # A closed capture is gone from the state: not written before its verdict is sent.
         if store is not None:
             store.busy += 1
