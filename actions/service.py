@@ -305,6 +305,8 @@ class ActionService:
             self.cfg.consumer_group,
             producer=self.producer,
             verifier=self.verifier,
+            # A new service (a new group) starts at the oldest decision it would still act on.
+            start_ms=now_ms() - int(self.cfg.max_decision_age_s * 1000),
             session_timeout_ms=10_000,
             max_poll_records=500,
         )

@@ -269,6 +269,42 @@ class Batch:
         return list(zip(recs, self.events, strict=True))
 
 
+def seed_group_offsets(cfg: KafkaConfig, group_id: str, topics: list[str], start_ms: int) -> dict[str, int]:
+    """Commit, for every partition of ``topics`` the group has no offset for, the offset of the
+    first record at or after ``start_ms`` (the end when there is none); partitions with a
+    committed offset are left alone.  Returns ``"topic[partition]" -> offset`` of those seeded.
+
+    Done before the group's first member joins, as a standalone committer (a commit Kafka accepts
+    only while the group has no live member: with one, the group is running and has its offsets,
+    and a refused commit is logged and ignored -- the member starts from ``auto_offset_reset``)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+    from kafka.structs import OffsetAndMetadata
+
+    seeder = KafkaConsumer(**cfg.client_kwargs(), group_id=group_id, enable_auto_commit=False)
+    seeded: dict[str, int] = {}
+    try:
+        parts = [TopicPartition(t, p) for t in topics for p in sorted(seeder.partitions_for_topic(t) or ())]
+        fresh = [tp for tp in parts if seeder.committed(tp) is None]
+        if not fresh:
+            return seeded
+        seeder.assign(fresh)
+        found = seeder.offsets_for_times({tp: start_ms for tp in fresh})
+        ends = seeder.end_offsets(fresh)
+        offsets = {}
+        for tp in fresh:
+            at = found.get(tp)
+            offsets[tp] = OffsetAndMetadata(at.offset if at is not None else ends[tp], "", -1)
+        seeder.commit(offsets)
+        seeded = {f"{tp.topic}[{tp.partition}]": o.offset for tp, o in offsets.items()}
+        log.info("group %s starts at %s (records before %d skipped)", group_id, seeded, start_ms)
+    except KafkaError as exc:
+        log.warning("group %s: could not seed its start offsets (%s): reading from the start", group_id, exc)
+    finally:
+        seeder.close()
+    return seeded
+
+
 class EventConsumer:
     """A consumer-group member that yields decoded batches and dead-letters garbage.
 
@@ -284,8 +320,12 @@ class EventConsumer:
         producer: EventProducer | None = None,
         verifier: Verifier | None = None,
         verify_at_record_time: bool = False,
+        start_ms: int | None = None,
         **kw: Any,
     ) -> None:
+        """``start_ms``: where a group with no committed offset starts reading (the first record
+        at or after that time) instead of the topic's beginning -- a new action service must not
+        read a month of decisions it would refuse as too old, one by one, before the first new one."""
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
@@ -306,6 +346,8 @@ class EventConsumer:
         }
         options.update(kw)
         try:
+            if start_ms is not None:
+                seed_group_offsets(cfg, group_id, topics, start_ms)
             self._consumer = KafkaConsumer(**cfg.client_kwargs(), **options)
             # Metadata of every topic before the first join: a member that joins without it gets
             # no partitions of those topics (the range assignor skips them, "No partition metadata

@@ -16,6 +16,8 @@ the same model.
 from __future__ import annotations
 
 import math
+import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -60,7 +62,14 @@ class ParallelContext:
 
 
 def init_distributed(topology: JobTopology, rank: int, addr: str, port: int, timeout_s: float) -> None:
-    """Join the job's default gloo group through a TCP rendezvous at ``addr:port`` (rank 0 hosts it)."""
+    """Join the job's default gloo group through a TCP rendezvous at ``addr:port`` (rank 0 hosts it).
+
+    Ranks other than 0 first wait for the store to listen: the store client retries a refused
+    connection only after a backoff, which made every restart whose rank 0 woke a little after
+    its peers wait ~0.4 s more (measured: server 0.3 s late -> joined at 0.71 s; with the wait,
+    at 0.32 s)."""
+    if rank != 0:
+        _wait_listening(addr, port, timeout_s)
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{addr}:{port}",
@@ -68,6 +77,18 @@ def init_distributed(topology: JobTopology, rank: int, addr: str, port: int, tim
         world_size=topology.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+def _wait_listening(addr: str, port: int, timeout_s: float) -> None:
+    """Return once ``addr:port`` accepts a connection (or after ``timeout_s``: then the store
+    client's own retries and timeout take over)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((addr, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.01)
 
 
 def build_groups(topology: JobTopology, rank: int) -> ParallelContext:

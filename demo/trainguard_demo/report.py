@@ -28,6 +28,13 @@ if TYPE_CHECKING:
 #: Decision actions that start no recovery.
 NOT_ACTING = ("aggregate", "none", "ignore")
 
+#: Faults the job is meant to ride out with no recovery (a single short NIC flap); every other
+#: fault counts as recovered only once a recovery of it succeeded -- a decision the action service
+#: never carried out is a failure even if training happened to go on.
+TOLERATED = ("nic-flap",)
+#: Faults whose recovery must take a given path: a fail-slow rank is removed, not waited out.
+REQUIRED_PATH = {"slow": "evict"}
+
 #: Later than any injection: the upper bound of the last incident's window.
 _END_OF_TIME_MS = 1 << 62
 
@@ -162,9 +169,20 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "decided_s": since_injection(decided_ms),
         "recovered_s": since_injection(recovered_ms),
         "action": action or ("tolerated" if detected_ms and not acting else None),
-        "recovered": injection["progressed"] and not failed,
+        "recovered": _recovered(injection, failed, action),
         "phases": _phases(store, t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, succeeded),
     }
+
+
+def _recovered(injection: dict[str, Any], failed: list[Recovery], action: str | None) -> bool:
+    """Training went on after the fault, no recovery of it failed or is held, and -- unless the
+    fault is one to tolerate -- a recovery of it succeeded, on the path the fault requires."""
+    fault = injection["fault"]
+    if not injection["progressed"] or failed:
+        return False
+    if fault in TOLERATED:
+        return True
+    return action is not None and REQUIRED_PATH.get(fault, action) == action
 
 
 def _phases(

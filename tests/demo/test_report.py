@@ -88,6 +88,33 @@ def test_the_summary_breaks_each_incident_into_phases_and_reports_skipped_faults
     assert nan["recovered"] is False and nan["phases"] == {} and "not injected" in nan["action"]
 
 
+def test_a_fault_no_recovery_carried_out_is_not_recovered(store: ClickHouseStore) -> None:
+    """An Xid whose eviction was decided but never carried out (the action service was busy
+    elsewhere) is not recovered because training went on; a flap is; a slow rank must be evicted."""
+    job = "demo-report-unhandled"
+    fault = T0 + 10_000
+    steps = [
+        TrainingStep(job=job, rank=0, step=i, ts_ms=T0 + 500 * (i + 1), step_time_s=0.5) for i in range(60)
+    ]
+    det = Detection(
+        detection_id="det-u", ts_ms=fault + 1_000, job=job, kind="xid-79", category="gpu_unavailable",
+        severity=Severity.CRITICAL, action=Action.EVICT, node="m1", source_ts_ms=fault,
+    )  # fmt: skip
+    dec = Decision(
+        decision_id="dec-u", ts_ms=fault + 1_500, job=job, action=Action.EVICT,
+        targets=Targets(machines=["m1"], group_kind="machine"), detection_ids=["det-u"],
+    )  # fmt: skip
+    store.insert_events([*steps, det, dec])
+    injected = [
+        {"fault": fault_kind, "machine": "m1", "injected_at": (fault + 5000 * i) / 1000, "progressed": True}
+        for i, fault_kind in enumerate(("xid", "nic-flap", "slow"))
+    ]
+    xid, flap, slow = build_summary(store, job, injected)["incidents"]
+    assert xid["action"] == "tolerated" and xid["recovered"] is False
+    assert flap["recovered"] is True
+    assert slow["recovered"] is False  # nothing evicted the slow rank
+
+
 def test_standby_readiness_measures_provisioned_machines_only(tmp_path: Path) -> None:
     machines = tmp_path / "machines"
     for name, started, ready in (("standby-0", 100.0, [130.5, 131.0]), ("standby-1", 200.0, [210.0])):

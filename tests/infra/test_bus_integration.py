@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
 import pytest
 
-from infra.bus import EventConsumer, EventProducer, signer_for
+from infra.bus import EventConsumer, EventProducer, seed_group_offsets, signer_for
 from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings
 from infra.sink import Sink, SinkConfig
 from schemas.base import now_ms
 from schemas.control import DeadLetter
-from schemas.topics import DEAD_LETTERS, TOPICS
+from schemas.topics import DEAD_LETTERS, LOGS, TOPICS
+from schemas.workload import LogLine
 from tests.infra.events import one_of_each
 from tests.waiting import wait_until
 
@@ -144,3 +146,42 @@ def test_garbage_on_every_topic_ends_in_the_dead_letter_topic_and_table(stack_se
     assert any("on this topic, got 'gpu_batch'" in r for r in reasons)
     producer.close()
     store.close()
+
+
+def test_a_new_group_starts_at_its_start_time_not_at_the_topics_beginning(stack_settings: Settings) -> None:
+    """An action service with a new group reads the decisions it would still act on, not a month
+    of history first: the group's offsets are seeded at the first record from ``start_ms``."""
+    node = f"it-{uuid.uuid4().hex[:8]}"
+    producer = EventProducer(stack_settings.kafka)
+    topic = LOGS.name
+
+    def lines(tag: str) -> list[LogLine]:
+        return [
+            LogLine(node=node, ts_ms=now_ms(), source="kernel", line=f"{tag} {i}", seq=i) for i in range(3)
+        ]
+
+    try:
+        for ev in lines("old"):
+            producer.send(ev)
+        producer.flush()
+        time.sleep(1.5)  # record timestamps are milliseconds: a clear gap between the batches
+        start = now_ms()
+        time.sleep(0.2)
+        for ev in lines("new"):
+            producer.send(ev)
+        producer.flush()
+        group = f"it-start-{node}"
+        consumer = EventConsumer(stack_settings.kafka, [topic], group_id=group, start_ms=start)
+        try:
+            got, _ = _consume_until(
+                consumer, lambda ev, _d: sum(isinstance(e, LogLine) and e.node == node for e in ev) >= 3
+            )
+            mine = sorted(e.line for e in got if isinstance(e, LogLine) and e.node == node)
+            assert mine == ["new 0", "new 1", "new 2"]  # nothing older than the start
+            consumer.commit()
+        finally:
+            consumer.close()
+        # The group has offsets now: a restart carries on from them, nothing is seeded again.
+        assert seed_group_offsets(stack_settings.kafka, group, [topic], start) == {}
+    finally:
+        producer.close()
