@@ -17,10 +17,12 @@ the exit code is 1 (or the signal's, for ``crash`` with a signal).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -170,7 +172,10 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
         # the MFU-decline detector needs to see a fail-slow rank pull the whole job down.
         rep.flops_per_step = 6.0 * sum(p.numel() for p in stage.parameters()) * tokens
         rep.peak_flops = NOMINAL_PEAK_FLOPS
-        base_step_s: float | None = None  # the rank's normal step time, the unit of the slow fault
+        # The rank's normal step time, the unit of the slow fault: the median of its last 50
+        # healthy steps.  (An average of the last few made the "4x slower" rank anything from
+        # 2x to 5x slower on this busy host, and a 2x one too mild for the MFU detector.)
+        recent_steps: collections.deque[float] = collections.deque(maxlen=50)
         t_prev = time.perf_counter()
         for step, (x, y) in zip(
             range(start + 1, spec.steps + 1), make_loader(data, start + 1, spec.steps + 1), strict=True
@@ -186,8 +191,8 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
                 faults.active("hang", step) is not None, faults.active("oom", step) is not None
             )
             loss = pipeline_step(stage, ctx, x, y, spec.microbatches, faults.active("nan", step) is not None)
-            if (slow := faults.active("slow", step)) and base_step_s:
-                time.sleep((slow.factor - 1) * base_step_s)
+            if (slow := faults.active("slow", step)) and recent_steps:
+                time.sleep((slow.factor - 1) * statistics.median(recent_steps))
             allreduce_dp_grads(stage, ctx)
             grad_norm = float(global_grad_norm(stage, ctx))
             if grad_norm > spec.clip_norm:  # NaN compares False: NaN grads pass through, as on a GPU
@@ -209,7 +214,7 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
             now = time.perf_counter()
             step_s, t_prev = now - t_prev, now
             if not slow:
-                base_step_s = step_s if base_step_s is None else 0.8 * base_step_s + 0.2 * step_s
+                recent_steps.append(step_s)
             rep.step(step, loss=shared_loss, grad_norm=grad_norm, tokens=tokens, step_time_s=step_s)
             progress.write("running", step=step, loss=shared_loss, grad_norm=grad_norm, step_time_s=step_s,
                            ckpt_wait_s=waited, ckpt_step=writer.last_written, code_version=code.version,
