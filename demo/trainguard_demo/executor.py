@@ -235,8 +235,7 @@ class LocalExecutor:
             home.mkdir(parents=True, exist_ok=True)
             (home / "provisioned").write_text(f"{time.time()}\n")  # its time to ready is measured
             if self.cfg.start_zygotes:  # the pool waits in the queue until the zygote is ready
-                # Provisioned while the job restarts: its torch import waits for the ranks.
-                start_zygote(self.cluster, name, delay_s=self.cfg.warm_delay_s)
+                start_zygote(self.cluster, name)
                 wait_for(partial(zygote_pid, self.cluster, name), 5.0)
             new_pool(self.cluster, name, demo.ranks_per_machine, warm_delay_s=self.cfg.warm_delay_s)
             if self.cfg.start_exporters:

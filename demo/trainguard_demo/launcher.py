@@ -167,15 +167,12 @@ def launch_standby(
 
 
 def start_zygote(
-    cluster_dir: str | os.PathLike[str], machine: str, python: str = sys.executable, delay_s: float = 0.0
+    cluster_dir: str | os.PathLike[str], machine: str, python: str = sys.executable
 ) -> JobHandle:
-    """Start ``machine``'s zygote (:mod:`.zygote`), which forks warm pools on request; ``delay_s``
-    postpones its imports (a standby provisioned while a job restarts)."""
+    """Start ``machine``'s zygote (:mod:`.zygote`), which forks warm pools on request."""
     paths = ClusterPaths(Path(cluster_dir))
     logs = paths.machine(machine) / "logs"
     argv = [python, "-m", "trainguard_demo.zygote", "--cluster-dir", str(cluster_dir), "--machine", machine]
-    if delay_s > 0:
-        argv += ["--delay", f"{delay_s:g}"]
     env = _env(
         {
             "TRAINGUARD_NODE": machine,

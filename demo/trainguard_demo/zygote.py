@@ -101,15 +101,11 @@ def _fork_slot(cluster_dir: str, machine: str, pool: str, slot: int) -> int:
         os._exit(code)
 
 
-def serve(cluster_dir: str, machine: str, poll_s: float = 0.05, delay_s: float = 0.0) -> None:
-    """Import, announce, then fork pools for requests until killed.  ``delay_s`` postpones the
-    imports: a standby provisioned during a recovery must not take the CPU from the ranks that
-    are restarting (importing torch is seconds of CPU on a 2-core host)."""
+def serve(cluster_dir: str, machine: str, poll_s: float = 0.05) -> None:
+    """Import, announce, then fork pools for requests until killed."""
     d = _dir(cluster_dir, machine)
     (d / "requests").mkdir(parents=True, exist_ok=True)
     write_atomic(d / "pid.json", json.dumps({"pid": os.getpid(), "status": "starting"}))
-    if delay_s > 0:
-        time.sleep(delay_s)
     from trainguard_demo.trainer import prewarm
 
     prewarm()
@@ -137,10 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainguard_demo.zygote", description="a machine's zygote")
     p.add_argument("--cluster-dir", required=True)
     p.add_argument("--machine", required=True)
-    p.add_argument("--delay", type=float, default=0.0, help="seconds to wait before importing torch")
     a = p.parse_args(argv)
     try:
-        serve(a.cluster_dir, a.machine, delay_s=a.delay)
+        serve(a.cluster_dir, a.machine)
     except KeyboardInterrupt:
         return 0
     except Exception:
