@@ -39,6 +39,10 @@ class HostThresholds:
     mem_available_min_pct: float = field(default=2.0, metadata=bounds(0, 100))
     #: what sustained CPU overload recommends; "ignore" records it only (shared or simulated hosts).
     cpu_overload_action: Action = Action.DIAGNOSE
+    #: overload must last this long (every sample at or above ``cpu_overload_pct``) before it
+    #: recommends ``cpu_overload_action``: one busy sample is a compile or a checkpoint, not a
+    #: reason to stop a job.  Shorter overload is recorded (``ignore``).
+    cpu_overload_sustain_s: float = field(default=120.0, metadata=bounds(0, 86_400))
 
 
 class NodeInspector:
@@ -55,6 +59,8 @@ class NodeInspector:
         # node -> gpu -> last counters; node -> nic -> last carrier_changes.
         self._gpu_prev: dict[str, dict[int, dict[str, int | None]]] = {}
         self._nic_prev: dict[str, dict[str, int | None]] = {}
+        #: node -> time (s) of the first sample of its current CPU overload.
+        self._overload_since: dict[str, float] = {}
         #: nodes whose state (counters, rule windows) changed since :meth:`take_dirty`.
         self._dirty: set[str] = set()
 
@@ -141,15 +147,27 @@ class NodeInspector:
 
     def _host(self, e: HostSample, now_ms: int) -> list[Detection]:
         findings: list[tuple[str, Severity, Action, dict[str, Any]]] = []
+        ts = e.ts_ms / 1000
         if e.cpu_util_pct >= self.host.cpu_overload_pct:
+            if e.node not in self._overload_since:
+                self._overload_since[e.node] = ts
+                self._dirty.add(e.node)
+            sustained = max(0.0, ts - self._overload_since[e.node])
+            act = (
+                self.host.cpu_overload_action
+                if sustained >= self.host.cpu_overload_sustain_s
+                else Action.IGNORE
+            )
             findings.append(
                 (
                     "cpu_overload",
                     Severity.WARNING,
-                    self.host.cpu_overload_action,
-                    {"cpu_util_pct": e.cpu_util_pct},
+                    act,
+                    {"cpu_util_pct": e.cpu_util_pct, "sustained_s": round(sustained, 1)},
                 )
             )
+        elif self._overload_since.pop(e.node, None) is not None:
+            self._dirty.add(e.node)
         for d in e.disks:
             if d.total_bytes and 100.0 * d.used_bytes / d.total_bytes >= self.host.disk_full_pct:
                 pct = round(100.0 * d.used_bytes / d.total_bytes, 1)
@@ -203,6 +221,7 @@ class NodeInspector:
             "gpu": dict(self._gpu_prev.get(node, {})),
             "nic": dict(self._nic_prev.get(node, {})),
             "windows": self.classifier.windows_of(node),
+            "overload_since": self._overload_since.get(node),
         }
 
     def restore_node(self, node: str, state: dict[str, Any]) -> None:
@@ -210,13 +229,24 @@ class NodeInspector:
         self._gpu_prev[node] = {int(k): dict(v) for k, v in state.get("gpu", {}).items()}
         self._nic_prev[node] = {str(k): v for k, v in state.get("nic", {}).items()}
         self.classifier.restore_windows(node, state.get("windows", []))
+        since = state.get("overload_since")
+        if isinstance(since, int | float) and not isinstance(since, bool):
+            self._overload_since[node] = float(since)
+        else:
+            self._overload_since.pop(node, None)
 
     def drop_node(self, node: str) -> None:
         """Forget ``node`` (its partition moved to another worker)."""
         self._gpu_prev.pop(node, None)
         self._nic_prev.pop(node, None)
+        self._overload_since.pop(node, None)
         self._dirty.discard(node)
         self.classifier.restore_windows(node, [])
 
     def nodes(self) -> set[str]:
-        return set(self._gpu_prev) | set(self._nic_prev) | self.classifier.window_nodes()
+        return (
+            set(self._gpu_prev)
+            | set(self._nic_prev)
+            | set(self._overload_since)
+            | self.classifier.window_nodes()
+        )

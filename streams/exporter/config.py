@@ -41,8 +41,12 @@ class KernelLogConfig:
     interval_s: float = field(default=1.0, metadata=_INTERVAL)
     #: ``/dev/kmsg`` or a file (dmesg/syslog style); None = ``<root>/dev/kmsg``.
     path: str | None = None
-    #: publish every line, not only NVRM/Xid, OOM, I/O, filesystem and panic/BUG lines.
+    #: publish every line, not only NVRM/Xid, OOM, I/O, filesystem and panic/BUG lines and the
+    #: lines a log row of the rule table matches.
     all_lines: bool = False
+    #: the rule table the workers run (a YAML file or directory; None: the built-in one): every
+    #: line one of its log rows matches is published, so no rule waits for a line never shipped.
+    rules: str | None = None
     #: where to start without a saved position: "beginning" (boot ring buffer included) or "end".
     start_at: str = "beginning"
     #: most lines published per round (the rest follow next round; nothing is skipped).

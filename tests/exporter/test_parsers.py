@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from detectors.rule_table import default_rule_table
 from infra.proctable import ProcTable
 from schemas.enums import ProcessRole
 from streams.exporter.config import HostConfig, NicConfig
@@ -18,6 +19,12 @@ from streams.exporter.stack_capture import parse_pyspy_json, refine_role, render
 from tests.exporter.conftest import FIXTURES
 
 ROOT = FIXTURES / "root"
+LOG_RULE_EXAMPLES = [
+    (r.id, i, ex)
+    for r in default_rule_table().rules
+    if r.source == "log" and r.context != "traceback"  # a Python traceback's last line: not a kernel line
+    for i, ex in enumerate(r.examples)
+]
 
 MODULES = [
     "streams.exporter.sources.host",
@@ -192,3 +199,10 @@ def test_nvml_sample_building() -> None:
     assert s.sm_clock_mhz is None and s.ecc_aggregate_corrected is None  # unsupported stays None
     assert decode_throttle(0) == []
     assert kernel_log.classify_kernel_line(xid_line("00000000:3B:00.0", 79)) == "xid"
+
+
+@pytest.mark.parametrize(("rule_id", "n", "line"), LOG_RULE_EXAMPLES)
+def test_every_log_rule_example_passes_the_exporter_prefilter(rule_id: str, n: int, line: str) -> None:
+    """A row whose lines the exporter drops never fires in production: every example of every
+    log row of the built-in table is shipped by the kernel-log source."""
+    assert kernel_log.shipped(line, default_rule_table()), f"{rule_id} example {n} would not be shipped"

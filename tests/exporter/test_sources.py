@@ -217,3 +217,18 @@ def test_kernel_log_real_kmsg(root: Path, tmp_path: Path) -> None:
     src = KernelLogSource(SourceContext(cfg, state_dir=tmp_path / "s"))
     assert all(e.seq > seqs[-1] for e in _lines(src))  # resumed after the saved sequence number
     src.close()
+
+
+def test_kernel_log_ships_every_line_a_rule_matches(root: Path, tmp_path: Path) -> None:
+    """NIC lines have rules (a link down, a transmit timeout, a crashed mlx5) but no kernel-log
+    category: the prefilter comes from the rule table, so they reach the workers; noise does not."""
+    log_path = tmp_path / "kern.log"
+    wanted = [
+        "[ 5521.118340] mlx5_core 0000:5e:00.0 ib0: Link down",
+        "[ 5522.000001] NETDEV WATCHDOG: eth0 (ixgbe): transmit queue 3 timed out 5120 ms",
+        "[ 5523.000001] mlx5_core 0000:5e:00.0: poll_health:815:(pid 0): device's health compromised",
+    ]
+    log_path.write_text("\n".join([*wanted, "[ 5524.0] usb 1-1: new high-speed USB device number 2", ""]))
+    src = _kernel_source(root, tmp_path / "s", path=str(log_path))
+    assert [e.line for e in _lines(src)] == wanted
+    src.close()

@@ -1,6 +1,7 @@
 """``kernel_log`` source: follows ``/dev/kmsg`` or a kernel log file and publishes the lines that
-matter -- NVRM/Xid, OOM killer, I/O and filesystem errors, panics/BUG/lockups (the paper's host
-inspection item: Xid in dmesg, 2 s to detect an OS kernel fault, Table 3).
+matter -- every line a log row of the rule table matches, plus NVRM/Xid, OOM killer, I/O and
+filesystem errors, panics/BUG/lockups (the paper's host inspection item: Xid in dmesg, 2 s to
+detect an OS kernel fault, Table 3).
 
 No line lost, none sent twice after a restart: the position (kmsg sequence number and boot id, or
 file inode + byte offset + line counter) is saved only after the runner has spooled the round's
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from detectors.rule_table import RuleTable, default_rule_table, load_rule_table
 from schemas.base import Event, now_ms
 from schemas.workload import LogLine
 from streams.exporter.sources.base import SourceContext, read_text, register
@@ -63,6 +65,21 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
 )
+
+
+def shipped(text: str, table: RuleTable) -> bool:
+    """Whether the exporter publishes a kernel line: one of :data:`CATEGORIES`, or one a log row
+    of ``table`` matches (``ib0: Link down``, ``NETDEV WATCHDOG``, mlx5 health errors...) -- the
+    rule table decides what matters, the categories only add what no row names yet.
+
+    >>> shipped("[ 5521.1] mlx5_core 0000:5e:00.0 ib0: Link down", default_rule_table())
+    True
+    >>> shipped("usb 1-1: new high-speed USB device number 2", default_rule_table())
+    False
+    """
+    # Not the traceback rows: they judge a Python traceback's last line (one is a catch-all for
+    # any exception), which a kernel log never holds.
+    return classify_kernel_line(text) is not None or table.match_line(text) is not None
 
 
 def classify_kernel_line(text: str) -> str | None:
@@ -275,6 +292,7 @@ class KernelLogSource:
         self.pos_file = None if ctx.once or ctx.state_dir is None else ctx.state_dir / "kernel_log.pos.json"
         self.follower: _Follower | None = None
         self._uncommitted: dict[str, Any] | None = None
+        self.rules = load_rule_table(self.cfg.rules) if self.cfg.rules else default_rule_table()
 
     def _saved(self) -> dict[str, Any]:
         if self.pos_file is None or not self.pos_file.exists():
@@ -305,7 +323,7 @@ class KernelLogSource:
         ts = now_ms()
         events: list[Event] = []
         for seq, text in lines:
-            if not text.strip() or not (self.cfg.all_lines or classify_kernel_line(text)):
+            if not text.strip() or not (self.cfg.all_lines or shipped(text, self.rules)):
                 continue
             events.append(
                 LogLine(
