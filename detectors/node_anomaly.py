@@ -9,6 +9,10 @@ anomaly is not learned, so the detector is protected from learning its own anoma
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 from detectors.detections import detection_from_finding
 from detectors.filters import ThresholdFilter
 from detectors.findings import Finding
@@ -40,20 +44,33 @@ def gpu_features(e: GpuSampleBatch) -> dict[str, float]:
 
 class NodeAnomalyScorer:
     """One streaming detector per node behind a :class:`~detectors.filters.ThresholdFilter`;
-    ``detector`` and ``threshold`` may change between calls."""
+    ``detector``, its ``params`` and ``threshold`` may change between calls (a runtime switch):
+    a new threshold keeps what the node's detector learned, another detector or other
+    parameters start a new one -- what one algorithm learned means nothing to another."""
 
     def __init__(self) -> None:
         self.filters: dict[str, ThresholdFilter] = {}
+        #: node -> (detector name, params) its filter was built with.
+        self.built: dict[str, tuple[str, str]] = {}
 
-    def observe(self, e: GpuSampleBatch, detector: str, threshold: float, now_ms: int) -> Detection | None:
+    def observe(
+        self,
+        e: GpuSampleBatch,
+        detector: str,
+        threshold: float,
+        now_ms: int,
+        params: Mapping[str, Any] | None = None,
+    ) -> Detection | None:
         if not detector:
             return None
         x = gpu_features(e)
         if not x:
             return None
+        recipe = (detector, json.dumps(dict(params or {}), sort_keys=True, default=str))
         f = self.filters.get(e.node)
-        if f is None:
-            f = self.filters[e.node] = ThresholdFilter(build(detector, {}), threshold=threshold)
+        if f is None or self.built.get(e.node) != recipe:
+            f = self.filters[e.node] = ThresholdFilter(build(detector, params or {}), threshold=threshold)
+            self.built[e.node] = recipe
         elif f.params.threshold != threshold:  # a new threshold keeps what the detector learned
             f = self.filters[e.node] = ThresholdFilter(f.detector, threshold=threshold)
         score, flagged = f.process_one(x)  # anomalies never enter the baseline

@@ -13,7 +13,7 @@ from typing import Any
 
 from detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
 from detectors.base import AnomalyDetector
-from schemas.config import ConfigError
+from schemas.config import ConfigError, load_config
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,19 @@ def get(name: str) -> type[AnomalyDetector]:
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
         raise ConfigError(f"unknown detector {name!r} (known: {known})") from None
+
+
+def check_params(name: str, params: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`ConfigError` unless ``name`` is registered and takes ``params`` -- without
+    building it (an autoencoder imports torch when built: a config check must not).
+
+    >>> check_params("isolation_forest", {"window_size": 64})
+    >>> check_params("isolation_forest", {"alpha": 0.1})
+    Traceback (most recent call last):
+    ...
+    schemas.config.ConfigError: WindowedIsolationForestParams: unknown field(s) 'alpha'
+    """
+    load_config(get(name).Params, dict(params or {}))
 
 
 def build(name: str, params: Mapping[str, Any] | None = None) -> AnomalyDetector:

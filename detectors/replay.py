@@ -38,6 +38,7 @@ from detectors.capture import AggregationConfig
 from detectors.decide import DecideConfig
 from detectors.job_monitor import MonitorConfig
 from detectors.node_inspector import HostThresholds
+from detectors.registry import check_params
 from detectors.routing import (
     AGGREGATION,
     CAPTURE_TICK_S,
@@ -71,6 +72,11 @@ class ReplayConfig:
     check_interval_s: float = field(default=2.0, metadata=bounds(0.1, 600))
     anomaly_detector: str = "ewma_zscore"
     anomaly_threshold: float = field(default=8.0, metadata=bounds(0, 1e9))
+    anomaly_params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.anomaly_detector:
+            check_params(self.anomaly_detector, self.anomaly_params)
 
     @classmethod
     def from_worker_section(cls, worker: Mapping[str, Any]) -> ReplayConfig:

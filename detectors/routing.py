@@ -34,7 +34,7 @@ thread, off its event loop).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from detectors.capture import AggregationConfig, Capture, Captures
 from detectors.decide import DecideConfig, DecisionPolicy
@@ -123,6 +123,8 @@ class PathSettings(Protocol):
     def anomaly_detector(self) -> str: ...
     @property
     def anomaly_threshold(self) -> float: ...
+    @property
+    def anomaly_params(self) -> dict[str, Any]: ...
 
 
 class DetectionPath:
@@ -164,7 +166,7 @@ class DetectionPath:
             if not isinstance(ev, GpuSampleBatch):
                 return []
             c = self.config
-            det = self.anomaly.observe(ev, c.anomaly_detector, c.anomaly_threshold, now_ms)
+            det = self.anomaly.observe(ev, c.anomaly_detector, c.anomaly_threshold, now_ms, c.anomaly_params)
             return [det] if det is not None else []
         if stage == TRAINING:
             if isinstance(ev, TrainingStep):

@@ -4,11 +4,13 @@ and ``TRAINGUARD__WORKER__*`` variables.  Detector thresholds live in their own 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from detectors.capture import AggregationConfig
 from detectors.decide import DecideConfig
 from detectors.job_monitor import MonitorConfig
 from detectors.node_inspector import HostThresholds
+from detectors.registry import check_params
 from infra.sink import SinkConfig
 from schemas.topics import PREFIX, namespaced
 from schemas.typecheck import bounds
@@ -57,8 +59,12 @@ class WorkerConfig:
     anomaly_detector: str = "ewma_zscore"
     #: a node whose anomaly score exceeds this is reported (informational detection).
     anomaly_threshold: float = field(default=8.0, metadata=bounds(0, 1e9))
+    #: the anomaly detector's parameters (its ``Params`` fields; unknown ones are errors).
+    anomaly_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.anomaly_detector:
+            check_params(self.anomaly_detector, self.anomaly_params)
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise ValueError("auto_offset_reset must be 'earliest' or 'latest'")
         if self.topic_namespace:

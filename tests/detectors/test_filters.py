@@ -77,3 +77,36 @@ def test_node_scorer_flags_at_its_threshold_and_keeps_the_baseline_when_it_chang
     # A higher threshold (the worker config changed) applies at once, to the same learned detector.
     assert scorer.observe(_batch(101, 90.0), "ewma_zscore", 1e6, 101) is None
     assert scorer.filters["n0"].detector is learned and scorer.filters["n0"].params.threshold == 1e6
+
+
+def test_switching_the_detector_at_runtime_takes_effect_and_the_evidence_names_it() -> None:
+    """The worker config's detector changes (``set-threshold anomaly_detector ...``): each node
+    starts the new one -- before, a node kept the detector it started with while the evidence
+    named the new one."""
+    scorer = NodeAnomalyScorer()
+    for i in range(60):
+        scorer.observe(_batch(i, 60 + (i % 5) * 0.5), "ewma_zscore", 6.0, i)
+    assert type(scorer.filters["n0"].detector).__name__ == "EWMAZScore"
+    for i in range(60, 200):
+        det = scorer.observe(_batch(i, 60 + (i % 5) * 0.5), "isolation_forest", 0.9, i, {"window_size": 64})
+        assert det is None or det.evidence["detector"] == "isolation_forest"
+    f = scorer.filters["n0"]
+    assert type(f.detector).__name__ == "WindowedIsolationForest"
+    assert f.detector.params.window_size == 64  # parameters from the config, not the defaults
+    # New parameters for the same detector: a new detector too.
+    scorer.observe(_batch(200, 60.0), "isolation_forest", 0.9, 200, {"window_size": 32})
+    assert scorer.filters["n0"] is not f and scorer.filters["n0"].detector.params.window_size == 32
+
+
+@pytest.mark.parametrize(
+    ("detector", "params"),
+    [("ewma_zscore", {"window_size": 64}), ("isolation_forest", {"alpha": 0.1}), ("no-such-detector", {})],
+)
+def test_worker_config_refuses_anomaly_params_its_detector_does_not_take(detector: str, params: dict) -> None:
+    from schemas.config import load_config
+    from streams.config import WorkerConfig
+
+    with pytest.raises(ConfigError):
+        load_config(WorkerConfig, {"anomaly_detector": detector, "anomaly_params": params})
+    ok = load_config(WorkerConfig, {"anomaly_detector": "isolation_forest", "anomaly_params": {"window_size": 64}})
+    assert ok.anomaly_params == {"window_size": 64}
