@@ -63,6 +63,48 @@ BENCH_PARAMS: dict[str, dict[str, Any]] = {
 }
 
 
+class RobustZ:
+    """The baseline every detector must beat: ``|x - median| / (1.4826 MAD)`` of each feature over
+    its last ``window`` learned values (the largest over features), the textbook robust z-score."""
+
+    def __init__(self, window: int = 256, warmup: int = 16) -> None:
+        self.window, self.warmup = window, warmup
+        self.history: dict[str, list[float]] = {}
+
+    def score_one(self, x: dict[str, float]) -> float:
+        best = 0.0
+        for k, v in x.items():
+            h = self.history.get(k, [])
+            if len(h) < self.warmup:
+                continue
+            arr = np.asarray(h)
+            med = float(np.median(arr))
+            mad = 1.4826 * float(np.median(np.abs(arr - med)))
+            best = max(best, abs(v - med) / max(mad, 1e-9 + 0.01 * abs(med)))
+        return best
+
+    def learn_one(self, x: dict[str, float]) -> None:
+        for k, v in x.items():
+            h = self.history.setdefault(k, [])
+            h.append(v)
+            if len(h) > self.window:
+                del h[0]
+
+
+class AlwaysNormal:
+    """The floor: never flags anything (every score 0, below any threshold)."""
+
+    def score_one(self, x: dict[str, float]) -> float:
+        return 0.0
+
+    def learn_one(self, x: dict[str, float]) -> None:
+        return None
+
+
+#: reference rows next to the detectors: the robust z-score baseline and the never-flagging floor.
+BASELINES: dict[str, Any] = {"baseline:robust_z": RobustZ, "baseline:always_normal": AlwaysNormal}
+
+
 @dataclass
 class Counts:
     """Confusion counts of one series (or a sum of series)."""
@@ -158,7 +200,9 @@ def samples(values: Iterable[float]) -> Iterator[dict[str, float]]:
         prev = v
 
 
-def stream_scores(detector: AnomalyDetector, values: Sequence[float], learn_stride: int = 1) -> np.ndarray:
+def stream_scores(
+    detector: AnomalyDetector | Any, values: Sequence[float], learn_stride: int = 1
+) -> np.ndarray:
     """Scores of ``values`` in streaming order (score, then learn every ``learn_stride``-th)."""
     out = np.empty(len(values))
     for i, x in enumerate(samples(values)):
@@ -187,7 +231,7 @@ def evaluate_series(
     """Threshold by :func:`probation_threshold`, then count; returns (counts, threshold, auc)."""
     threshold = probation_threshold(scores, q)
     start = int(len(scores) * PROBATION_FRACTION)
-    counts = evaluate_flags(scores > threshold, windows, start)
+    counts = evaluate_flags(scores > threshold, windows, start)  # all-zero scores: nothing flagged
     return counts, threshold, point_auc(scores, windows, start)
 
 
@@ -207,7 +251,8 @@ def run(data_dir: Path, names: Sequence[str], q: float, ae_stride: int) -> dict[
             timestamps, values = load_series(data_dir / Path(nab_path).name)
             windows = window_indices(timestamps, raw_windows)
             stride = ae_stride if name == "autoencoder" else 1
-            scores = stream_scores(build(name, BENCH_PARAMS.get(name, {})), values, stride)
+            detector = BASELINES[name]() if name in BASELINES else build(name, BENCH_PARAMS.get(name, {}))
+            scores = stream_scores(detector, values, stride)
             counts, threshold, auc = evaluate_series(scores, windows, q)
             per_file[Path(nab_path).name] = {**counts.summary(), "threshold": threshold, "auc": auc}
             total += counts
@@ -256,7 +301,12 @@ def print_report(results: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data_dir", type=Path, help="folder with the NAB CSVs and label_windows.json")
-    parser.add_argument("--detectors", nargs="+", default=sorted(registered()), help="registry names")
+    parser.add_argument(
+        "--detectors",
+        nargs="+",
+        default=[*sorted(registered()), *BASELINES],
+        help="registry names or baselines",
+    )
     parser.add_argument("--q", type=float, default=DEFAULT_Q, help="probation quantile for the threshold")
     parser.add_argument("--ae-stride", type=int, default=1, help="autoencoder learns every n-th sample")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
