@@ -113,13 +113,13 @@ def _enc(v: Any, depth: int) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else {"$f": repr(v)}
     if isinstance(v, list):
-        return [_enc(x, d) for x in v]
+        return list(v) if all(map(_plain, v)) else [_enc(x, d) for x in v]
     if isinstance(v, tuple):
         return {"$t": [_enc(x, d) for x in v]}
     if isinstance(v, set | frozenset):
         return {"$s": [_enc(x, d) for x in sorted(v, key=repr)]}
     if isinstance(v, deque):
-        return {"$q": [_enc(x, d) for x in v], "max": v.maxlen}
+        return {"$q": list(v) if all(map(_plain, v)) else [_enc(x, d) for x in v], "max": v.maxlen}
     if isinstance(v, dict):
         kind = "$o" if isinstance(v, OrderedDict) else "$d"
         if all(map(_plain, v.keys())) and all(map(_plain, v.values())):  # rank -> step: no recursion
@@ -129,7 +129,10 @@ def _enc(v: Any, depth: int) -> Any:
     if name in EVENTS and isinstance(v, EVENTS[name]):
         return {"$ev": encode_event(v).decode()}
     if name in ALLOWED and isinstance(v, ALLOWED[name]):
-        attrs = {k: _enc(x, d) for k, x in vars(v).items() if not _is_config(x)}
+        # STATE_SKIP: attributes the class rebuilds by itself (a window that refills in seconds),
+        # too big to rewrite with every flush.
+        skip = getattr(type(v), "STATE_SKIP", ())
+        attrs = {k: _enc(x, d) for k, x in vars(v).items() if k not in skip and not _is_config(x)}
         return {"$c": name, "a": attrs}
     raise StateError(f"cannot store a {name} in detector state")
 

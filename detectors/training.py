@@ -169,9 +169,12 @@ class StepStallDetector:
     10.0
     """
 
-    #: recent step times (seconds), all ranks together; created on the first one (a state
-    #: document written before the window existed restores without it).
+    #: recent step times (seconds), all ranks together; created on the first one.  Not kept in
+    #: the worker state (``STATE_SKIP``): written with every flush of every job it cost the
+    #: worker a fifth of its CPU at 1,200 machines, and it refills within ``min_step_samples``
+    #: rank-steps (``stall_s`` holds until then).
     _times: deque[float] | None = None
+    STATE_SKIP = ("_times",)
 
     def __init__(self, config: StallConfig | None = None, job: str | None = None) -> None:
         self.config = config or StallConfig()

@@ -108,5 +108,7 @@ def test_worker_config_refuses_anomaly_params_its_detector_does_not_take(detecto
 
     with pytest.raises(ConfigError):
         load_config(WorkerConfig, {"anomaly_detector": detector, "anomaly_params": params})
-    ok = load_config(WorkerConfig, {"anomaly_detector": "isolation_forest", "anomaly_params": {"window_size": 64}})
+    ok = load_config(
+        WorkerConfig, {"anomaly_detector": "isolation_forest", "anomaly_params": {"window_size": 64}}
+    )
     assert ok.anomaly_params == {"window_size": 64}
