@@ -39,6 +39,12 @@ class WorkerMetrics:
             ["stage"],
             registry=r,
         )
+        self.state_too_large = Counter(
+            "trainguard_state_too_large_total",
+            "Detector state records not written: over the record size limit even compressed",
+            ["stage"],
+            registry=r,
+        )
         self.state_restores = Counter(
             "trainguard_state_restores_total",
             "Detector states restored from the changelog",
