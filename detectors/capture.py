@@ -84,6 +84,9 @@ class Capture:
     requested_ms: int
     decision_id: str = ""
     dumps: list[StackDump] = field(default_factory=list)
+    #: a hang's capture: the time of the last step seen when the stall was reported.  A step
+    #: after it means the job was not hung (a late or slow step): nothing is evicted then.
+    stalled_since_ms: int | None = None
 
     def add(self, d: StackDump) -> None:
         self.dumps.append(d)
@@ -135,6 +138,36 @@ class Capture:
             now_ms=now_ms,
             source_key=self.capture_id,
             message=msg,
+        )
+
+    def moot(self, last_step_ms: int, now_ms: int) -> Detection:
+        """The verdict on a hang's capture when the job stepped again after the stall was
+        reported (at ``last_step_ms``): healthy, nothing evicted -- the stacks of a job that is
+        training show ranks wherever they happen to be, and the classifier would pick a
+        "suspect" among them (a false eviction of two healthy machines, seen in a demo run
+        where steps reached the worker 2 s late)."""
+        finding = Finding(
+            kind="over_eviction",
+            category="healthy",
+            severity=Severity.INFO,
+            action=Action.NONE,
+            job=self.job,
+            evidence={
+                "capture_id": self.capture_id,
+                "verdict": Verdict.HEALTHY.value,
+                "reason": "the job stepped again after the stall was reported: not a hang",
+                "stalled_since_ms": self.stalled_since_ms,
+                "last_step_ms": last_step_ms,
+                "dumps": len(self.dumps),
+            },
+        )
+        return detection_from_finding(
+            finding,
+            job=self.job,
+            source_ts_ms=self.requested_ms,
+            now_ms=now_ms,
+            source_key=self.capture_id,
+            message="healthy: the job stepped again after the stall was reported, no group to evict",
         )
 
     def failed(self, error: str, now_ms: int) -> Detection:
@@ -197,6 +230,9 @@ class Captures:
         capture_id = stable_id("capture", dec.decision_id)
         deadline = now_ms + int((cfg.deadline_s + (rounds - 1) * cfg.fail_slow_interval_s) * 1000)
         cap = Capture(capture_id, dec.job, topology, rounds, deadline, now_ms, dec.decision_id)
+        detection = dec.evidence.get("detection", {}) if isinstance(dec.evidence, dict) else {}
+        if detection.get("kind") == "hang" and isinstance(detection.get("source_ts_ms"), int):
+            cap.stalled_since_ms = int(detection["source_ts_ms"])
         self.pending[capture_id] = cap
         self.last_capture_ms[dec.job] = now_ms
         return cap

@@ -68,6 +68,11 @@ class JobMonitor:
         self._hang_reported_at_step: int | None = None
         self._last_step_ts_ms = 0
 
+    @property
+    def last_step_ts_ms(self) -> int:
+        """When the newest step of the job (any rank) was taken."""
+        return self._last_step_ts_ms
+
     def on_step(self, e: TrainingStep, now_ms: int) -> list[Detection]:
         self.node_of[e.rank] = e.node or self.node_of.get(e.rank, "")
         self.alive[e.rank] = True

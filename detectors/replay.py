@@ -200,7 +200,7 @@ class OfflinePipeline:
 
     def _close_captures(self, now: int) -> None:
         for cap in self.path.due_captures(now):
-            self._publish(self.path.analyze(cap, now), now)
+            self._publish(self.path.moot_capture(cap, now) or self.path.analyze(cap, now), now)
 
 
 def replay_events(

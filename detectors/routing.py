@@ -251,6 +251,16 @@ class DetectionPath:
         """The aggregation timer: the captures ready for :meth:`analyze` (complete or past deadline)."""
         return self.captures.due(now_ms)
 
+    def moot_capture(self, cap: Capture, now_ms: int) -> Detection | None:
+        """A healthy verdict for a hang's capture if the job has stepped since the stall was
+        reported (this worker watches the job's steps), else None: analyse it.  Called on the
+        event loop, where the monitors change."""
+        monitor = self.monitors.get(cap.job)
+        if cap.stalled_since_ms is None or monitor is None:
+            return None
+        last = monitor.last_step_ts_ms
+        return cap.moot(last, now_ms) if last > cap.stalled_since_ms else None
+
     @staticmethod
     def analyze(cap: Capture, now_ms: int) -> Detection:
         """The over-eviction verdict on a closed capture; an analysis that raised asks for diagnosis

@@ -87,7 +87,13 @@ def register(
         now = now_ms()
         for cap in path.due_captures(now):
             touch(cap.job)
-            det = await asyncio.get_running_loop().run_in_executor(None, path.analyze, cap, now)
+            # A hang the job has stepped past is judged here, not analysed (no eviction).
+            moot = path.moot_capture(cap, now)
+            det = (
+                moot
+                if moot is not None
+                else await asyncio.get_running_loop().run_in_executor(None, path.analyze, cap, now)
+            )
             if det.kind == "aggregation_failed":
                 log.error("over-eviction analysis of %s failed: %s", cap.capture_id, det.evidence["error"])
             await ctx.emit(det)

@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from detectors import state as codec
-from detectors.capture import Captures
+from detectors.capture import Capture, Captures
 from detectors.job_monitor import JobMonitor, MonitorConfig
 from detectors.replay import ReplayConfig, decode_records, replay_events
+from detectors.routing import DetectionPath
 from detectors.stopped_job import RecoveryStatus
 from detectors.training import StallConfig, StepStallDetector
 from infra.replay import read_recording
@@ -232,3 +233,44 @@ def test_a_capture_is_complete_when_every_process_of_every_rank_answered() -> No
     assert caps.complete(cid)
     assert [c.capture_id for c in caps.due(1_200)] == [cid]
     assert not caps.complete(cid)  # closed: nothing pending
+
+
+def _hang_capture(path: DetectionPath, stalled_since_ms: int) -> Capture:
+    dec = Decision(
+        decision_id="d-hang", ts_ms=stalled_since_ms + 2_500, job="j", action=Action.AGGREGATE,
+        evidence={"detection": {"kind": "hang", "category": "job_hang", "source_ts_ms": stalled_since_ms}},
+    )  # fmt: skip
+    path.start_capture(dec, TOPO, stalled_since_ms + 2_600)
+    (cap,) = path.captures.pending.values()
+    assert cap.stalled_since_ms == stalled_since_ms
+    return cap
+
+
+def test_a_hang_the_job_stepped_past_evicts_nobody() -> None:
+    """A demo run's worker saw no step for 2.3 s (they reached it 2 s late), suspected a hang, and
+    the capture of the healthy, training job named a suspect: two healthy machines evicted.  A
+    capture whose job has stepped since the stall was reported is now healthy, unanalysed."""
+    path = DetectionPath(ReplayConfig())
+    for step in range(1, 11):
+        for rank in range(2):
+            path.findings(
+                "training", TrainingStep(job="j", rank=rank, step=step, ts_ms=step * 400), step * 400
+            )
+    cap = _hang_capture(path, stalled_since_ms=4_000)
+    assert path.moot_capture(cap, 7_000) is None  # no step since: a real hang, analyse it
+    path.findings("training", TrainingStep(job="j", rank=0, step=11, ts_ms=4_400), 7_100)
+    det = path.moot_capture(cap, 7_200)
+    assert det is not None and det.action is Action.NONE and det.category == "healthy"
+    assert det.evidence["verdict"] == "healthy" and det.evidence["last_step_ms"] == 4_400
+
+
+def test_a_capture_for_a_slow_rank_is_always_analysed() -> None:
+    path = DetectionPath(ReplayConfig())
+    path.findings("training", TrainingStep(job="j", rank=0, step=1, ts_ms=1_000), 1_000)
+    dec = Decision(
+        decision_id="d-slow", ts_ms=2_000, job="j", action=Action.AGGREGATE,
+        evidence={"detection": {"kind": "mfu_decline", "category": "mfu_decline", "source_ts_ms": 500}},
+    )  # fmt: skip
+    path.start_capture(dec, TOPO, 2_000)
+    (cap,) = path.captures.pending.values()
+    assert cap.stalled_since_ms is None and path.moot_capture(cap, 3_000) is None
