@@ -85,7 +85,7 @@ class Capture:
     decision_id: str = ""
     dumps: list[StackDump] = field(default_factory=list)
     #: a hang's capture: the time of the last step seen when the stall was reported.  A step
-    #: after it means the job was not hung (a late or slow step): nothing is evicted then.
+    #: taken after the capture was requested means the job was not hung: nothing is evicted.
     stalled_since_ms: int | None = None
 
     def add(self, d: StackDump) -> None:
@@ -141,8 +141,8 @@ class Capture:
         )
 
     def moot(self, last_step_ms: int, now_ms: int) -> Detection:
-        """The verdict on a hang's capture when the job stepped again after the stall was
-        reported (at ``last_step_ms``): healthy, nothing evicted -- the stacks of a job that is
+        """The verdict on a hang's capture when the job took a step (at ``last_step_ms``) after
+        the capture was requested: healthy, nothing evicted -- the stacks of a job that is
         training show ranks wherever they happen to be, and the classifier would pick a
         "suspect" among them (a false eviction of two healthy machines, seen in a demo run
         where steps reached the worker 2 s late)."""

@@ -252,14 +252,17 @@ class DetectionPath:
         return self.captures.due(now_ms)
 
     def moot_capture(self, cap: Capture, now_ms: int) -> Detection | None:
-        """A healthy verdict for a hang's capture if the job has stepped since the stall was
-        reported (this worker watches the job's steps), else None: analyse it.  Called on the
-        event loop, where the monitors change."""
+        """A healthy verdict for a hang's capture if the job took a step *after the capture was
+        requested* (this worker watches the job's steps), else None: analyse it.  Not "after the
+        last step seen at the report": the last steps of a real hang can reach the worker after
+        the report (delivery lags 1-2 s), and taking those for progress left a real hang
+        unevicted for a minute in a demo run.  A hung job cannot step after it was reported hung.
+        Called on the event loop, where the monitors change."""
         monitor = self.monitors.get(cap.job)
         if cap.stalled_since_ms is None or monitor is None:
             return None
         last = monitor.last_step_ts_ms
-        return cap.moot(last, now_ms) if last > cap.stalled_since_ms else None
+        return cap.moot(last, now_ms) if last > cap.requested_ms else None
 
     @staticmethod
     def analyze(cap: Capture, now_ms: int) -> Detection:

@@ -256,12 +256,17 @@ def test_a_hang_the_job_stepped_past_evicts_nobody() -> None:
             path.findings(
                 "training", TrainingStep(job="j", rank=rank, step=step, ts_ms=step * 400), step * 400
             )
-    cap = _hang_capture(path, stalled_since_ms=4_000)
+    cap = _hang_capture(path, stalled_since_ms=4_000)  # requested at 6.6 s
     assert path.moot_capture(cap, 7_000) is None  # no step since: a real hang, analyse it
-    path.findings("training", TrainingStep(job="j", rank=0, step=11, ts_ms=4_400), 7_100)
+    # A real hang's last step, taken before it hung, delivered late: still a hang.  (Counting it
+    # as progress left a real hang unevicted for a minute in a demo run.)
+    path.findings("training", TrainingStep(job="j", rank=1, step=11, ts_ms=4_400), 7_100)
+    assert path.moot_capture(cap, 7_150) is None
+    # A step taken after the capture was requested: the job trains, it was not hung.
+    path.findings("training", TrainingStep(job="j", rank=0, step=12, ts_ms=6_800), 7_100)
     det = path.moot_capture(cap, 7_200)
     assert det is not None and det.action is Action.NONE and det.category == "healthy"
-    assert det.evidence["verdict"] == "healthy" and det.evidence["last_step_ms"] == 4_400
+    assert det.evidence["verdict"] == "healthy" and det.evidence["last_step_ms"] == 6_800
 
 
 def test_a_capture_for_a_slow_rank_is_always_analysed() -> None:
