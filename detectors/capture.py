@@ -155,7 +155,7 @@ class Capture:
             evidence={
                 "capture_id": self.capture_id,
                 "verdict": Verdict.HEALTHY.value,
-                "reason": "the job stepped again after the stall was reported: not a hang",
+                "reason": "the job took a step after the capture was requested: not a hang",
                 "stalled_since_ms": self.stalled_since_ms,
                 "last_step_ms": last_step_ms,
                 "dumps": len(self.dumps),
@@ -167,7 +167,7 @@ class Capture:
             source_ts_ms=self.requested_ms,
             now_ms=now_ms,
             source_key=self.capture_id,
-            message="healthy: the job stepped again after the stall was reported, no group to evict",
+            message="healthy: the job took a step after the capture was requested, no group to evict",
         )
 
     def failed(self, error: str, now_ms: int) -> Detection:
