@@ -161,12 +161,11 @@ class Capture:
                 "dumps": len(self.dumps),
             },
         )
-        return detection_from_finding(
+        return _finding_detection(
             finding,
-            job=self.job,
-            source_ts_ms=self.requested_ms,
-            now_ms=now_ms,
-            source_key=self.capture_id,
+            self.requested_ms,
+            now_ms,
+            self.capture_id,
             message="healthy: the job took a step after the capture was requested, no group to evict",
         )
 
@@ -183,9 +182,9 @@ class Capture:
         return _finding_detection(finding, self.requested_ms, now_ms, self.capture_id)
 
 
-def _finding_detection(f: Finding, source_ts_ms: int, now_ms: int, key: str) -> Detection:
+def _finding_detection(f: Finding, source_ts_ms: int, now_ms: int, key: str, message: str = "") -> Detection:
     return detection_from_finding(
-        f, job=f.job or "", source_ts_ms=source_ts_ms, now_ms=now_ms, source_key=key
+        f, job=f.job or "", source_ts_ms=source_ts_ms, now_ms=now_ms, source_key=key, message=message
     )
 
 

@@ -9,7 +9,6 @@ anomaly is not learned, so the detector is protected from learning its own anoma
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,7 +50,7 @@ class NodeAnomalyScorer:
     def __init__(self) -> None:
         self.filters: dict[str, ThresholdFilter] = {}
         #: node -> (detector name, params) its filter was built with.
-        self.built: dict[str, tuple[str, str]] = {}
+        self.built: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def observe(
         self,
@@ -66,7 +65,7 @@ class NodeAnomalyScorer:
         x = gpu_features(e)
         if not x:
             return None
-        recipe = (detector, json.dumps(dict(params or {}), sort_keys=True, default=str))
+        recipe = (detector, dict(params or {}))  # compared by value on every sample: no encoding
         f = self.filters.get(e.node)
         if f is None or self.built.get(e.node) != recipe:
             f = self.filters[e.node] = ThresholdFilter(build(detector, params or {}), threshold=threshold)
