@@ -26,6 +26,8 @@ from schemas.workload import StackDump
 
 #: detection categories that are fail-slow suspicions: several rounds of dumps, not one.
 FAIL_SLOW_CATEGORIES = ("fail_slow", "straggler", "mfu_decline")
+#: detection kinds of a stalled job: a capture for one is moot if the job steps after it.
+HANG_KINDS = ("hang", "hang_suspect")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class Capture:
     #: a hang's capture: the time of the last step seen when the stall was reported.  A step
     #: taken after the capture was requested means the job was not hung: nothing is evicted.
     stalled_since_ms: int | None = None
+    #: a hang *suspicion*'s capture (asked for before the stall reached the hang threshold) is
+    #: judged no earlier than when it would have become a hang.
+    not_before_ms: int = 0
 
     def add(self, d: StackDump) -> None:
         self.dumps.append(d)
@@ -101,7 +106,7 @@ class Capture:
         return {r: sorted(world - got.get(r, set())) for r in range(self.rounds) if world - got.get(r, set())}
 
     def ready(self, now_ms: int) -> bool:
-        return not self.missing() or now_ms >= self.deadline_ms
+        return now_ms >= self.not_before_ms and (not self.missing() or now_ms >= self.deadline_ms)
 
     def analyze(self, now_ms: int, config: OverEvictionConfig | None = None) -> Detection:
         """Run the over-eviction classifier; an eviction (or healthy) detection with the evidence."""
@@ -230,8 +235,10 @@ class Captures:
         deadline = now_ms + int((cfg.deadline_s + (rounds - 1) * cfg.fail_slow_interval_s) * 1000)
         cap = Capture(capture_id, dec.job, topology, rounds, deadline, now_ms, dec.decision_id)
         detection = dec.evidence.get("detection", {}) if isinstance(dec.evidence, dict) else {}
-        if detection.get("kind") == "hang" and isinstance(detection.get("source_ts_ms"), int):
+        if detection.get("kind") in HANG_KINDS and isinstance(detection.get("source_ts_ms"), int):
             cap.stalled_since_ms = int(detection["source_ts_ms"])
+            if isinstance(detection.get("confirm_at_ms"), int):
+                cap.not_before_ms = int(detection["confirm_at_ms"])
         self.pending[capture_id] = cap
         self.last_capture_ms[dec.job] = now_ms
         return cap

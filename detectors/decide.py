@@ -82,6 +82,13 @@ class DecisionPolicy:
 
     def decide(self, d: Detection, now_ms: int, topology: JobTopology | None = None) -> Decision | None:
         if d.action in _RECORD_ONLY:
+            if d.kind == "over_eviction" and d.category == "healthy" and d.evidence.get("stalled_since_ms"):
+                # A hang's capture found the job stepping: that stall is over, and the next one is
+                # a new fault, not a repeat to suppress (a false suspicion would otherwise mute a
+                # real hang for the whole window).
+                key = self._key(d.job, Action.AGGREGATE, Targets(), "job_hang")
+                if self._last.pop(key, None) is not None:
+                    self._touched.add(d.job)
             return None
         targets = self.targets(d, topology)
         if d.action is Action.EVICT and not targets.machines:
@@ -95,7 +102,11 @@ class DecisionPolicy:
             self.suppressed += 1
             return None
         self._remember(key, event_ms)
-        bucket = event_ms - event_ms % window_ms if window_ms else event_ms
+        # A capture request is named by its own event (a stall by its last step): a false hang
+        # suspicion clears the window (above), and the real hang after it must not reuse its id
+        # -- the capture and its commands are named after the decision.
+        exact = not window_ms or d.action is Action.AGGREGATE
+        bucket = event_ms if exact else event_ms - event_ms % window_ms
         return Decision(
             decision_id=decision_id(d.job, d.action, targets, bucket),
             ts_ms=now_ms,
@@ -112,6 +123,8 @@ class DecisionPolicy:
                     "node": d.node,
                     "ranks": list(d.ranks),
                     "source_ts_ms": d.source_ts_ms,
+                    # a hang suspicion's capture is judged no earlier (two-phase detection).
+                    **{k: d.evidence[k] for k in ("confirm_at_ms",) if k in d.evidence},
                 },
                 **({"analysis": d.evidence} if d.kind == "over_eviction" else {}),
             },

@@ -11,7 +11,7 @@ processes are alive -- long before an NCCL/gloo timeout would fire.
 ...     _ = m.on_step(TrainingStep(job="j", rank=r, step=1, ts_ms=1000), now_ms=1000)
 >>> [d.kind for d in m.on_step(TrainingStep(job="j", rank=0, step=2, ts_ms=2000, loss=float("nan")), 2000)]
 ['nan']
->>> m.check(now_ms=40_000, stream_now_ms=20_000)  # the worker is 20 s behind its input: no hang
+>>> m.check(now_ms=40_000, stream_now_ms=12_000)  # the worker is 28 s behind its input: no hang
 []
 >>> [(d.kind, d.action.value) for d in m.check(now_ms=40_000)]
 [('hang', 'aggregate')]
@@ -19,9 +19,10 @@ processes are alive -- long before an NCCL/gloo timeout would fire.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from detectors.detections import detection_from_finding
+from detectors.exit_settle import ExitSettler, SettleConfig
 from detectors.findings import Finding
 from detectors.log_classifier import classify_exit
 from detectors.stopped_job import RecoveryStatus, StoppedConfig, StoppedJobDetector
@@ -49,10 +50,15 @@ class MonitorConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     mfu: MfuConfig = field(default_factory=MfuConfig)
     stopped: StoppedConfig = field(default_factory=StoppedConfig)
+    settle: SettleConfig = field(default_factory=SettleConfig)
 
 
 class JobMonitor:
     """All training-signal detectors of one job, fed from its events."""
+
+    #: the step at which the last hang suspicion was reported (one per stall); class-level
+    #: default: a state document written before two-phase detection restores without it.
+    _suspect_reported_at_step: int | None = None
 
     def __init__(self, job: str, config: MonitorConfig | None = None) -> None:
         self.job = job
@@ -62,6 +68,7 @@ class JobMonitor:
         self.straggler = StragglerDetector(self.config.straggler, job=job)
         self.mfu = MfuDeclineDetector(self.config.mfu, job=job)
         self.stopped = StoppedJobDetector(self.config.stopped, job=job)
+        self.settle = ExitSettler(self.config.settle)
         self.node_of: dict[int, str] = {}
         self.alive: dict[int, bool] = {}
         #: the step at which the last hang was reported: one report per stall, not one per check.
@@ -101,7 +108,8 @@ class JobMonitor:
             return []
         if e.rank >= 0:
             finding = _with(finding, ranks=(e.rank,), node=e.node)
-        return [self._det(finding, e.ts_ms, now_ms, ("exit", e.node, e.pid))]
+        # A peer's collective error waits briefly for the exit that caused it (exit_settle).
+        return self.settle.offer(self._det(finding, e.ts_ms, now_ms, ("exit", e.node, e.pid)), now_ms)
 
     def check(
         self, now_ms: int, stream_now_ms: int | None = None, recoveries: RecoveryStatus | None = None
@@ -114,7 +122,7 @@ class JobMonitor:
         StreamClock`): progress is judged against it, so a consumer that lags does not take
         every job for stalled; detections are still stamped with ``now_ms``."""
         now = now_ms / 1000
-        out = []
+        out = self.settle.release(now_ms)  # secondary exits whose root cause never came
         stream_now = (stream_now_ms if stream_now_ms is not None else now_ms) / 1000
         status = recoveries or RecoveryStatus()
         # A job a recovery is stopping, restarting or holding makes no progress on purpose; after
@@ -124,7 +132,15 @@ class JobMonitor:
             if status.busy(stream_now, self.config.stopped.recovery_silence_s)
             else self.stall.check(stream_now, alive=self.alive or None, since=status.last_stop_end)
         )
-        if hang is not None:
+        if hang is not None and hang.kind == "hang_suspect":
+            max_step = int(hang.evidence["max_step"])
+            if self._suspect_reported_at_step != max_step and self._hang_reported_at_step != max_step:
+                self._suspect_reported_at_step = max_step
+                # The capture's verdict waits until then (wall clock: the aggregation's).
+                confirm_ms = now_ms + int(float(hang.evidence["confirm_in_s"]) * 1000)
+                hang = replace(hang, evidence={**hang.evidence, "confirm_at_ms": confirm_ms})
+                out.append(self._det(hang, self._last_step_ts_ms, now_ms, ("hang_suspect", max_step)))
+        elif hang is not None:
             max_step = int(hang.evidence["max_step"])
             if self._hang_reported_at_step != max_step:
                 self._hang_reported_at_step = max_step
@@ -148,6 +164,4 @@ class JobMonitor:
 
 
 def _with(f: Finding, *, ranks: tuple[int, ...], node: str) -> Finding:
-    from dataclasses import replace
-
     return replace(f, ranks=ranks, node=node or f.node)

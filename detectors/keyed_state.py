@@ -38,7 +38,7 @@ STATEFUL = (INSPECTION, TRAINING, DECIDE, AGGREGATION)
 #: the parts of a job monitor that are kept.  Not the straggler detector's step-time window: for a
 #: 10,000-rank job it is hundreds of thousands of samples, rewritten with every flush; it
 #: re-fills within its window (``monitor.straggler.window_s``) after a move.
-_MONITOR_PARTS = ("spike", "stall", "mfu", "stopped")
+_MONITOR_PARTS = ("spike", "stall", "mfu", "stopped", "settle")
 
 
 class PathState:
@@ -92,6 +92,7 @@ class PathState:
                 "node_of": m.node_of,
                 "alive": m.alive,
                 "hang_at": m._hang_reported_at_step,
+                "suspect_at": m._suspect_reported_at_step,
                 "last_step_ts_ms": m._last_step_ts_ms,
             }
         if stage == DECIDE:
@@ -118,9 +119,11 @@ class PathState:
             _expect(data, dict)
             m = JobMonitor(key, p.config.monitor)
             for part in _MONITOR_PARTS:
-                setattr(m, part, data[part])
+                if part in data or part != "settle":  # settle: absent from older documents
+                    setattr(m, part, data[part])
             m.node_of, m.alive = dict(data["node_of"]), dict(data["alive"])
             m._hang_reported_at_step = data["hang_at"]
+            m._suspect_reported_at_step = data.get("suspect_at")  # absent from older documents
             m._last_step_ts_ms = int(data["last_step_ts_ms"])
             p.monitors[key] = m
             p.reconfigure(p.config)  # the worker's current thresholds, not the stored ones

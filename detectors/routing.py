@@ -155,6 +155,7 @@ class DetectionPath:
             m.spike.config, m.stall.config = m.config.spike, m.config.stall
             m.straggler.config, m.mfu.config = m.config.straggler, m.config.mfu
             m.stopped.config = m.config.stopped
+            m.settle.config = m.config.settle
 
     # -- inspection, anomaly, training: telemetry -> detections ---------------------------------
 
@@ -247,6 +248,12 @@ class DetectionPath:
         """Whether ``dump`` completed its capture (judge it now rather than at the next tick)."""
         return self.captures.complete(dump.capture_id)
 
+    def capture_wait_ms(self, capture_id: str, now_ms: int) -> int:
+        """How long a complete capture must still wait before it is judged: a hang suspicion's
+        until the stall would have become a hang (0 for any other, or none pending)."""
+        cap = self.captures.pending.get(capture_id)
+        return max(0, cap.not_before_ms - now_ms) if cap is not None else 0
+
     def due_captures(self, now_ms: int) -> list[Capture]:
         """The aggregation timer: the captures ready for :meth:`analyze` (complete or past deadline)."""
         return self.captures.due(now_ms)
@@ -262,7 +269,14 @@ class DetectionPath:
         if cap.stalled_since_ms is None or monitor is None:
             return None
         last = monitor.last_step_ts_ms
-        return cap.moot(last, now_ms) if last > cap.requested_ms else None
+        if last <= cap.requested_ms:
+            return None
+        # Nor does it hold the next capture back: the cooldown is against capturing a condition
+        # that persists, and this one cleared (a real hang right after a false alarm would
+        # otherwise wait out the cooldown before its capture).
+        if self.captures.last_capture_ms.get(cap.job) == cap.requested_ms:
+            del self.captures.last_capture_ms[cap.job]
+        return cap.moot(last, now_ms)
 
     @staticmethod
     def analyze(cap: Capture, now_ms: int) -> Detection:

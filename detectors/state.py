@@ -31,12 +31,14 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from detectors.capture import Capture
+from detectors.exit_settle import ExitSettler
 from detectors.stopped_job import RecoveryStatus, StoppedJobDetector
 from detectors.training import MfuDeclineDetector, SpikeDetector, StepStallDetector, StragglerDetector
 from detectors.windows import WindowCounter
 from schemas.base import Event
 from schemas.codec import decode as decode_event
 from schemas.codec import encode as encode_event
+from schemas.control import Detection
 from schemas.enums import Action, ProcessRole, Severity
 from schemas.topology import JobTopology
 from schemas.workload import StackDump
@@ -51,6 +53,7 @@ ALLOWED: dict[str, type[Any]] = {
         StragglerDetector,
         MfuDeclineDetector,
         StoppedJobDetector,
+        ExitSettler,
         RecoveryStatus,
         Capture,
         JobTopology,
@@ -58,7 +61,7 @@ ALLOWED: dict[str, type[Any]] = {
 }
 ENUMS: dict[str, type[enum.Enum]] = {c.__name__: c for c in (Action, Severity, ProcessRole)}
 #: schema events kept inside detector state (encoded with the wire codec, validated on load).
-EVENTS: dict[str, type[Event]] = {c.__name__: c for c in (StackDump,)}
+EVENTS: dict[str, type[Event]] = {c.__name__: c for c in (StackDump, Detection)}
 #: the document format; a document of another version is refused, not guessed at.
 VERSION = 1
 #: nesting bound on documents: state is a few levels deep; a deeper document is not ours.

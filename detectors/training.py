@@ -136,6 +136,12 @@ class StallConfig:
     min_step_samples: int = field(default=20, metadata=bounds(1, 1_000_000))
     #: a rank whose last heartbeat is older than this counts as dead, not hung.
     heartbeat_timeout_s: float = field(default=60.0, metadata=bounds(0.1, 1e7))
+    #: two-phase hang detection: after this fraction of the threshold without progress a
+    #: ``hang_suspect`` asks for the stack capture early, so its dumps are in when the threshold
+    #: is reached (the capture's verdict waits for it, and a step before it makes the capture
+    #: moot).  Not while the job has not stepped since its last restart (a first step is slow).
+    #: 0: off, the capture starts at the threshold.
+    precapture_fraction: float = field(default=0.5, metadata=bounds(0.0, 1.0))
 
 
 class StepStallDetector:
@@ -224,8 +230,9 @@ class StepStallDetector:
         heartbeats: Mapping[int, float] | None = None,
         since: float | None = None,
     ) -> Finding | None:
-        """A hang finding if no rank progressed for :meth:`threshold_s` while all are alive, else
-        None.
+        """A hang finding if no rank progressed for :meth:`threshold_s` while all are alive; a
+        ``hang_suspect`` finding (the same evidence, ``confirm_at_ms`` saying when it becomes a
+        hang) after ``precapture_fraction`` of it; else None.
 
         ``alive`` (rank -> process alive) wins over ``heartbeats`` (rank -> last heartbeat ts);
         with neither, every rank that ever reported is assumed alive.  ``since``: a stall
@@ -243,16 +250,21 @@ class StepStallDetector:
         if live != ranks:
             return None
         last_progress = max(self._progress_ts.values())
+        stepped_since_restart = since is None or since <= last_progress
         if since is not None and since > last_progress:
             last_progress = since
         stalled_for = now - last_progress
         threshold = self.threshold_s()
+        kind = "hang"
         if stalled_for < threshold:
-            return None
+            early = self.config.precapture_fraction
+            if not (early > 0 and stepped_since_restart and stalled_for >= early * threshold):
+                return None
+            kind = "hang_suspect"
         top = max(self._step.values())
         behind = sorted(r for r in ranks if self._step.get(r, -1) < top) or sorted(ranks)
         return Finding(
-            kind="hang",
+            kind=kind,
             category="job_hang",
             severity=Severity.ERROR,
             action=Action.AGGREGATE,
@@ -266,6 +278,8 @@ class StepStallDetector:
                 "max_step": top,
                 "last_step": {r: self._step.get(r) for r in sorted(ranks)},
                 "ranks_behind": behind if behind != sorted(ranks) else [],
+                # how long until the stall reaches the threshold (a suspect's capture waits).
+                "confirm_in_s": round(max(0.0, threshold - stalled_for), 3),
             },
             ts=now,
         )

@@ -62,7 +62,25 @@ def register(
             path.add_dump(ev)
             touch(ev.job)
             if path.capture_complete(ev):  # the last answer: judge now, not at the next tick
-                await close_captures_now()
+                wait_ms = path.capture_wait_ms(ev.capture_id, now_ms())
+                if wait_ms <= 0:
+                    await close_captures_now()
+                else:  # a hang suspicion's capture: judged when the stall becomes a hang
+                    task = asyncio.ensure_future(close_later(wait_ms / 1000))
+                    later.add(task)
+                    task.add_done_callback(_finished)
+
+    #: the scheduled judgements (kept referenced until they ran).
+    later: set[asyncio.Future[None]] = set()
+
+    def _finished(task: asyncio.Future[None]) -> None:
+        later.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("judging a capture failed: %r", task.exception())
+
+    async def close_later(delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        await close_captures_now()
 
     @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def aggregation(stream: Any) -> None:

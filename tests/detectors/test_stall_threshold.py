@@ -267,6 +267,20 @@ def test_a_hang_the_job_stepped_past_evicts_nobody() -> None:
     det = path.moot_capture(cap, 7_200)
     assert det is not None and det.action is Action.NONE and det.category == "healthy"
     assert det.evidence["verdict"] == "healthy" and det.evidence["last_step_ms"] == 6_800
+    # ... and the false alarm does not hold back the capture of a real hang that follows.
+    path.captures.pending.clear()
+    nxt = Decision(decision_id="d-hang-2", ts_ms=9_000, job="j", action=Action.AGGREGATE)
+    assert path.wants_capture(nxt, 9_000)
+
+
+def test_a_capture_that_was_analysed_keeps_its_cooldown() -> None:
+    path = DetectionPath(ReplayConfig())
+    path.findings("training", TrainingStep(job="j", rank=0, step=1, ts_ms=1_000), 1_000)
+    cap = _hang_capture(path, stalled_since_ms=1_000)
+    assert path.moot_capture(cap, 4_000) is None  # no step since: analysed, a real hang
+    path.captures.pending.clear()
+    nxt = Decision(decision_id="d-hang-2", ts_ms=9_000, job="j", action=Action.AGGREGATE)
+    assert not path.wants_capture(nxt, 9_000)  # within the cooldown of the real one
 
 
 def test_a_capture_for_a_slow_rank_is_always_analysed() -> None:

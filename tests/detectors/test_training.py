@@ -89,7 +89,14 @@ def test_stall_reports_ranks_behind_and_last_steps() -> None:
     for r in range(8):
         if r != 6:
             d.update(r, 51, ts=30.0)
-    assert d.check(now=629.0) is None
+    assert d.check(now=329.0) is None  # under half the threshold
+    # Past half of it: a suspicion (two-phase detection), saying when it becomes a hang.
+    early = d.check(now=629.0)
+    assert early is not None and early.kind == "hang_suspect" and early.ranks == (6,)
+    assert early.evidence["confirm_in_s"] == pytest.approx(1.0)
+    off = StepStallDetector(StallConfig(stall_s=600, precapture_fraction=0), job="j")
+    off.update(0, 50, ts=0.0)
+    assert off.check(now=599.0) is None
     f = d.check(now=631.0, alive=dict.fromkeys(range(8), True))
     assert f is not None
     assert (f.kind, f.category, f.action, f.ranks) == ("hang", "job_hang", Action.AGGREGATE, (6,))
@@ -116,7 +123,7 @@ def test_rank_that_never_reported_is_behind() -> None:
 
 
 def test_progress_resets_the_stall_and_garbage_is_ignored() -> None:
-    d = StepStallDetector(StallConfig(stall_s=60))
+    d = StepStallDetector(StallConfig(stall_s=60, precapture_fraction=0))
     assert d.check(now=1e6) is None  # nothing known yet
     d.update(0, 1, ts=0.0)
     d.update(0, 1, ts=50.0)  # same step: not progress

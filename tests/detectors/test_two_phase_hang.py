@@ -1,0 +1,134 @@
+"""Two-phase hang detection: the capture starts at half the stall threshold, its verdict waits for
+the threshold (issue 14: hangs were 40% of the demo's lost time; the stack capture alone took
+about 2 s after the hang was called).
+
+Through the pure detection path, as the worker's agents call it: steps, the training check, the
+decide policy, the capture and its verdict.
+"""
+
+from __future__ import annotations
+
+from detectors.job_monitor import MonitorConfig
+from detectors.replay import ReplayConfig
+from detectors.routing import DetectionPath
+from detectors.training import StallConfig
+from schemas.control import Decision, Detection
+from schemas.enums import Action, ProcessRole
+from schemas.topology import JobTopology
+from schemas.workload import Frame, ProcessInfo, StackDump, ThreadStack, TrainingStep
+
+TOPO = JobTopology(job="j", machines=("m0", "m1"), tp=1, pp=1, dp=2, ranks_per_machine=1)
+#: the demo's stall settings: 3 x p99 of the step time, within [2 s, 6 s].
+STALL = StallConfig(stall_s=6.0, step_time_factor=3.0, min_stall_s=2.0, precapture_fraction=0.5)
+
+
+def _path() -> DetectionPath:
+    return DetectionPath(ReplayConfig(monitor=MonitorConfig(stall=STALL)))
+
+
+def _train(path: DetectionPath, steps: range, step_ms: int = 400) -> None:
+    for step in steps:
+        for rank in range(2):
+            ts = step * step_ms
+            path.findings(
+                "training",
+                TrainingStep(
+                    job="j", rank=rank, step=step, ts_ms=ts, node=f"m{rank}", step_time_s=step_ms / 1000
+                ),
+                ts,
+            )
+
+
+def _check(path: DetectionPath, now: int) -> list[Detection]:
+    return path.check(now, now)
+
+
+def _decide(path: DetectionPath, dets: list[Detection], now: int) -> list[Decision]:
+    return [d for det in dets if (d := path.decide(det, now, TOPO)) is not None]
+
+
+def _answer(path: DetectionPath, dec: Decision, hung_rank: int) -> str:
+    """Both ranks' stacks: ``hung_rank`` sits in a collective the other has left."""
+    (cap,) = [c for c in path.captures.pending.values() if c.decision_id == dec.decision_id]
+    for rank in range(2):
+        frames = (
+            [Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2000)]
+            if rank == hung_rank
+            else [Frame("sleep", "time.py", 1)]
+        )
+        path.add_dump(
+            StackDump(
+                job="j",
+                node=f"m{rank}",
+                rank=rank,
+                pid=100 + rank,
+                capture_id=cap.capture_id,
+                ts_ms=0,
+                role=ProcessRole.MAIN,
+                process_tree=[ProcessInfo(pid=100 + rank)],
+                threads=[ThreadStack(thread_id=1, name="MainThread", frames=frames)],
+            )
+        )
+    return cap.capture_id
+
+
+def test_the_capture_starts_at_half_the_threshold_and_is_judged_at_the_threshold() -> None:
+    path = _path()
+    _train(path, range(1, 41))  # 0.4 s steps: threshold max(2 s, 3 x 0.4 s) = 2 s; last step 16 s
+    assert _check(path, 16_900) == []  # 0.9 s: nothing yet
+    (suspect,) = _check(path, 17_100)
+    assert suspect.kind == "hang_suspect" and suspect.action is Action.AGGREGATE
+    assert suspect.evidence["confirm_at_ms"] == 18_000
+    (dec,) = _decide(path, [suspect], 17_100)
+    assert dec.action is Action.AGGREGATE and dec.evidence["detection"]["confirm_at_ms"] == 18_000
+    assert path.wants_capture(dec, 17_150)
+    commands = path.start_capture(dec, TOPO, 17_150)
+    assert len(commands) == 2  # one capture_stacks per machine
+    cid = _answer(path, dec, hung_rank=1)
+    assert path.captures.complete(cid)
+    # Every answer is in by 17.6 s, but the stall is not a hang yet: the verdict waits.
+    assert path.capture_wait_ms(cid, 17_600) == 400
+    assert path.due_captures(17_600) == []
+    # At the threshold the hang is reported too; its decision is the suspicion's (de-duplicated).
+    (hang,) = _check(path, 18_050)
+    assert hang.kind == "hang" and _decide(path, [hang], 18_050) == []
+    (cap,) = path.due_captures(18_050)
+    assert path.moot_capture(cap, 18_050) is None  # no step since the request: analyse it
+    verdict = path.analyze(cap, 18_050)
+    assert verdict.action is Action.EVICT and verdict.category == "job_hang"
+
+
+def test_a_step_before_the_threshold_makes_the_early_capture_moot_and_clears_the_way() -> None:
+    path = _path()
+    _train(path, range(1, 41))
+    (suspect,) = _check(path, 17_100)
+    (dec,) = _decide(path, [suspect], 17_100)
+    path.start_capture(dec, TOPO, 17_150)
+    cid = _answer(path, dec, hung_rank=1)
+    _train(path, range(41, 42), step_ms=420)  # a slow step at 17.22 s: the job was not hung
+    (cap,) = path.due_captures(18_000)
+    assert cap.capture_id == cid
+    moot = path.moot_capture(cap, 18_000)
+    assert moot is not None and moot.category == "healthy" and moot.action is Action.NONE
+    assert _decide(path, [moot], 18_000) == []
+    # A real hang right after: a new suspicion, decided, and captured (no window, no cooldown).
+    _train(path, range(42, 45), step_ms=410)  # last step at 18.04 s
+    (again,) = _check(path, 19_100)
+    (dec2,) = _decide(path, [again], 19_100)
+    assert dec2.decision_id != dec.decision_id and path.wants_capture(dec2, 19_150)
+
+
+def test_no_early_capture_before_the_first_step_after_a_restart() -> None:
+    """A restarted job's first step is slow (ranks start, load the checkpoint): only the full
+    threshold applies until it has stepped once."""
+    from detectors.stopped_job import RecoveryStatus
+
+    path = _path()
+    _train(path, range(1, 41))
+    status = RecoveryStatus()
+    status.observe("d1", "stop", "started", ts=16.5)
+    status.observe("d1", "recovery", "succeeded", ts=17.0)
+    monitor = path.monitor("j")
+    assert monitor.check(18_500, 18_500, status) == []  # 1.5 s after the restart: no suspicion
+    (hang,) = monitor.check(19_050, 19_050, status)
+    assert hang.kind == "hang"
