@@ -40,12 +40,13 @@ from schemas.control import JobSpec
 from schemas.topology import JobTopology
 from schemas.typecheck import bounds
 from trainguard_demo import codever
-from trainguard_demo.config import LaunchSpec
+from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.diagnostics import LOCAL_TESTS, LocalFaults, prewarm, run_local
 from trainguard_demo.launcher import (
     activate_standby,
     launch_job,
     new_pool,
+    read_progress,
     ready_pools,
     start_zygote,
 )
@@ -79,6 +80,11 @@ class LocalConfig:
     warm_pools: int = field(default=1, metadata=bounds(0, 4))
     #: a new pool waits this long before importing torch (the restarted ranks go first).
     warm_delay_s: float = field(default=8.0, metadata=bounds(0, 600))
+    #: a replacement machine is started once the restarted job has taken its first step, or this
+    #: long after the restart: on this one host its start (a zygote importing torch, an exporter)
+    #: takes the CPU the restarted ranks need for that step (measured: first steps after an
+    #: eviction took 0.5-2.3 s, after a plain restart 0.35-0.9 s).
+    provision_wait_s: float = field(default=5.0, metadata=bounds(0, 600))
 
 
 def wait_for(pred: Callable[[], object], timeout_s: float) -> bool:
@@ -114,6 +120,8 @@ class LocalExecutor:
         self.env = env
         self.cluster = Path(config.cluster_dir)
         self.state = env.state_dir / "local-executor.json"
+        #: job -> wall time of its latest restart by this executor.
+        self._restarted: dict[str, float] = {}
 
     # -- bookkeeping --------------------------------------------------------------------------
     def _load_state(self) -> dict[str, int]:
@@ -182,17 +190,20 @@ class LocalExecutor:
                     pools.setdefault(pool, []).append(pid)
         return pools
 
-    def _kill(self, pids: list[int], grace_s: float | None = None) -> None:
+    def _kill(self, pids: list[int], grace_s: float | None = None, wait: bool = True) -> None:
         """Stop ``pids`` (and their process groups): SIGTERM, then SIGKILL after ``grace_s``
-        (default ``stop_grace_s``; 0 for idle processes that hold nothing worth a clean exit)."""
+        (default ``stop_grace_s``; 0 for idle processes that hold nothing worth a clean exit).
+        ``wait=False`` (with ``grace_s=0`` only): send SIGKILL and return."""
         t0 = time.monotonic()
         grace = self.cfg.stop_grace_s if grace_s is None else grace_s
         steps = ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)) if grace > 0 else ((signal.SIGKILL, 5.0),)
-        for sig, wait in steps:
+        for sig, wait_s in steps:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)  # each rank leads its group: its DataLoader worker goes too
-            deadline = time.monotonic() + wait
+            if not wait and sig is signal.SIGKILL:
+                return
+            deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and any(LIVE.alive(p) for p in pids):
                 time.sleep(0.02)
             if not any(LIVE.alive(p) for p in pids):
@@ -214,9 +225,10 @@ class LocalExecutor:
         procs = self._processes()
         spares = [pid for m in machines for pids in self._spares(m, procs).values() for pid in pids]
         zygotes = [p for m in machines if (p := zygote_pid(self.cluster, m)) is not None]
-        # The machine leaves with its pools and its zygote: idle processes, killed outright (its
-        # ranks were stopped before, with their grace).
-        self._kill(self._ranks(spec.job, set(machines), procs) + spares + zygotes, grace_s=0)
+        # The machine leaves with its pools and its zygote: idle processes, killed outright and
+        # not waited for -- nothing of the job runs on them any more (its ranks were stopped
+        # before, with their grace), and the restart need not wait for their exit.
+        self._kill(self._ranks(spec.job, set(machines), procs) + spares + zygotes, grace_s=0, wait=False)
         for m in machines:
             d = self.cluster / "machines" / m
             d.mkdir(parents=True, exist_ok=True)
@@ -225,6 +237,7 @@ class LocalExecutor:
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
         demo = self.launch_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
         state = self._load_state()
+        self._after_first_step(job, ctx)
         names = []
         for _ in range(count):
             n = state.get("standby_seq", 0)
@@ -260,7 +273,9 @@ class LocalExecutor:
         demo = self.launch_spec(spec)
         demo = replace(demo, master_port=self.cfg.port_base + gen % self.cfg.port_span)
         # Persist what the job runs on before waking anyone: the demo and the next restart read it.
-        (self.cluster / "jobs" / f"{spec.job}.json").write_text(demo.to_json())
+        # Atomically: the demo's live view and the next step read it while it changes (a plain
+        # write let the demo read it empty and crash, run 2 of a three-run measurement).
+        write_atomic(self.cluster / "jobs" / f"{spec.job}.json", demo.to_json())
         cold = []
         for m in demo.machine_names():
             ready = ready_pools(self.cluster, m, demo.ranks_per_machine)
@@ -269,7 +284,29 @@ class LocalExecutor:
             else:
                 cold.append(m)
         launch_job(demo, machines=cold)
+        self._restarted[spec.job] = time.time()
         self._replenish(demo.machine_names(), demo.ranks_per_machine)
+
+    def _after_first_step(self, job: str, ctx: StepContext) -> None:
+        """Wait (``provision_wait_s`` at most) until every rank of ``job``'s latest restart has
+        finished a step; at once when this executor did not restart it."""
+        since = self._restarted.get(job)
+        if since is None or self.cfg.provision_wait_s <= 0:
+            return
+        try:
+            demo = LaunchSpec.from_json((self.cluster / "jobs" / f"{job}.json").read_text())
+        except (OSError, ValueError):
+            return
+
+        def stepped() -> bool:
+            progress = read_progress(demo)
+            return len(progress) == demo.world_size and all(
+                p.get("status") == "running" and float(p.get("ts", 0)) > since for p in progress.values()
+            )
+
+        if not wait_for(stepped, min(self.cfg.provision_wait_s, max(0.0, ctx.remaining()))):
+            log.info("job %s took no step within %.1f s of its restart: provisioning anyway", job,
+                     self.cfg.provision_wait_s)  # fmt: skip
 
     def _replenish(self, machines: list[str], slots: int) -> None:
         """Start a warm pool on each machine that has fewer than ``warm_pools`` spare ones (forked

@@ -41,7 +41,7 @@ from infra.stack.manager import Stack
 from schemas.base import now_ms
 from schemas.control import JobSpec
 from schemas.topics import JOBS
-from trainguard_demo.config import LaunchSpec
+from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.inject import inject
 from trainguard_demo.launcher import launch_job, new_pool, read_progress, standby_ready, start_zygote
 from trainguard_demo.node import exporter_argv
@@ -239,7 +239,7 @@ class Demo:
         for machine in machines + standbys:
             self._exporter(machine)
         (self.cluster / "jobs").mkdir(parents=True, exist_ok=True)
-        (self.cluster / "jobs" / f"{self.job}.json").write_text(spec.to_json())
+        write_atomic(self.cluster / "jobs" / f"{self.job}.json", spec.to_json())  # read concurrently
         for machine in machines + standbys:  # each machine's zygote forks its warm pools (see zygote)
             start_zygote(self.cluster, machine)
         # The demo starts the job as its operator would: the spec goes out signed.
@@ -446,14 +446,8 @@ class Demo:
 
         if self.baseline is not None:
             self.baseline.stop()
-        # Ranks, warm pools and the exporters of provisioned machines all name the cluster dir.
-        # Again until none is left: a zygote killed while forking leaves a child that takes its
-        # name (and its cluster dir) only after the first sweep.
-        for _ in range(10):
-            subprocess.run(["pkill", "-f", "--", str(self.cluster)], check=False)
-            time.sleep(0.5)
-            if subprocess.run(["pgrep", "-f", "--", str(self.cluster)], capture_output=True).returncode != 0:
-                break
+        # The services first: an action service still replenishing the standby pool starts new
+        # machines after any sweep (a crashed run left two standby machines' pools running).
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -462,3 +456,11 @@ class Demo:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+        # Ranks, warm pools and the exporters of provisioned machines all name the cluster dir.
+        # Again until none is left: a zygote killed while forking leaves a child that takes its
+        # name (and its cluster dir) only after the first sweep.
+        for _ in range(10):
+            subprocess.run(["pkill", "-f", "--", str(self.cluster)], check=False)
+            time.sleep(0.5)
+            if subprocess.run(["pgrep", "-f", "--", str(self.cluster)], capture_output=True).returncode != 0:
+                break

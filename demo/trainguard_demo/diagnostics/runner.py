@@ -15,6 +15,7 @@ import collections
 import socket
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,14 +110,19 @@ def run_connectivity(
 def run_local(
     machines: list[str], tests: Iterable[str], faults: LocalFaults | None = None, timeout_s: float = 30.0
 ) -> list[DiagnosticResult]:
-    """Both stop-time tests for local machines (subprocesses); one result per (machine, test)."""
+    """Both stop-time tests for local machines (subprocesses); one result per (machine, test).
+
+    The tests run at the same time (the job is stopped while they run: every second counts),
+    their results in the order of ``tests``."""
     faults = faults or LocalFaults()
-    out: list[DiagnosticResult] = []
-    for test in tests:
-        if test == "alignment":
-            out += run_alignment(machines, faults, timeout_s * 2)
-        elif test == "connectivity":
-            out += run_connectivity(machines, faults, timeout_s)
-        else:
+    runners = {
+        "alignment": lambda: run_alignment(machines, faults, timeout_s * 2),
+        "connectivity": lambda: run_connectivity(machines, faults, timeout_s),
+    }
+    wanted = list(tests)
+    for test in wanted:
+        if test not in runners:
             raise ValueError(f"unknown test {test!r}; known: {list(LOCAL_TESTS)}")
-    return out
+    with ThreadPoolExecutor(max_workers=max(1, len(wanted)), thread_name_prefix="diag") as pool:
+        futures = [pool.submit(runners[t]) for t in wanted]
+        return [r for f in futures for r in f.result()]
