@@ -206,6 +206,12 @@ class StackConfig:
     #: where resolved Kafka jars are cached, shared by every stack home on the machine.
     cache_dir: str = "~/.cache/trainguard"
     start_timeout_s: float = field(default=90.0, metadata=bounds(1, 3600))
+    #: the private Slurm cluster of ``stack up --slurm`` (nodes n1..nN, one slurmd each).
+    slurm_nodes: int = field(default=6, metadata=bounds(1, 64))
+    slurm_cpus_per_node: int = field(default=2, metadata=bounds(1, 1024))
+    slurm_ctld_port: int = field(default=16817, metadata=_PORT)
+    #: node nX's slurmd listens on ``slurm_first_node_port + X - 1``.
+    slurm_first_node_port: int = field(default=17001, metadata=_PORT)
 
     @property
     def home_path(self) -> Path:

@@ -1,5 +1,7 @@
 """``trainguard stack up | down | status | reset``: the embedded Kafka + ClickHouse stack.
 
+With ``--slurm`` the stack also runs a private local Slurm cluster (:mod:`infra.stack.slurm`).
+
 ``up`` is idempotent: servers already running are left alone, then the registry's topics and
 the ClickHouse migrations are applied (both idempotent too).  ``down`` stops only the processes
 whose pid files this stack home owns.  ``reset`` is ``down`` plus deleting the home's data.
@@ -20,6 +22,7 @@ from infra.signing import init_keys
 from infra.stack.clickhouse import ClickHouseServer, ping
 from infra.stack.kafka import KafkaServer, broker_reachable
 from infra.stack.procs import StackError
+from infra.stack.slurm import Slurm
 
 
 @dataclass
@@ -29,6 +32,9 @@ class UpReport:
     migrations_applied: list[str] = field(default_factory=list)
     #: principal -> key id of the embedded stack's signing keys (created when missing).
     keys: dict[str, str] = field(default_factory=dict)
+    #: seconds until every Slurm node was idle (None: Slurm not requested).
+    slurm_idle_s: float | None = None
+    slurm_nodes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -37,6 +43,7 @@ class Stack:
         self.settings = settings
         self.kafka = KafkaServer(settings.stack)
         self.clickhouse = ClickHouseServer(settings.stack)
+        self.slurm = Slurm(settings.stack)
 
     def _require_embedded(self) -> None:
         if not self.settings.stack.embedded:
@@ -45,14 +52,19 @@ class Stack:
                 "there is no local stack to start or stop"
             )
 
-    def up(self) -> UpReport:
+    def up(self, slurm: bool = False, slurm_nodes: int | None = None) -> UpReport:
+        """Start Kafka and ClickHouse (and, with ``slurm``, the private Slurm cluster)."""
         self._require_embedded()
         t0 = time.monotonic()
         report = UpReport()
         self.settings.stack.home_path.mkdir(parents=True, exist_ok=True)
+        if slurm:
+            self.slurm = Slurm(self.settings.stack, nodes=slurm_nodes)
         # Check every port before starting anything: no half-started stack on a conflict.
         self.clickhouse.check_ports()
         self.kafka.check_ports()
+        if slurm:
+            self.slurm.check_ports()
         # Start both first, then wait: the JVM's start-up overlaps ClickHouse's.
         if self.clickhouse.start():
             report.started.append("clickhouse")
@@ -61,6 +73,10 @@ class Stack:
         timeout = self.settings.stack.start_timeout_s
         self.clickhouse.wait_healthy(timeout)
         self.kafka.wait_healthy(timeout)
+        if slurm:
+            report.started += self.slurm.start()
+            report.slurm_idle_s = self.slurm.wait_idle(timeout)
+            report.slurm_nodes = self.slurm.cfg.node_names
         report.topics_created = create_topics(self.settings.kafka)
         store = ClickHouseStore(self.settings.clickhouse)
         try:
@@ -77,7 +93,7 @@ class Stack:
 
     def down(self) -> list[str]:
         self._require_embedded()
-        stopped = []
+        stopped = self.slurm.stop()
         if self.kafka.stop():
             stopped.append("kafka")
         if self.clickhouse.stop():
@@ -87,7 +103,7 @@ class Stack:
     def reset(self) -> list[str]:
         stopped = self.down()
         home = self.settings.stack.home_path
-        for sub in ("kafka", "clickhouse"):
+        for sub in ("kafka", "clickhouse", "slurm"):
             shutil.rmtree(home / sub, ignore_errors=True)
         return stopped
 
@@ -108,6 +124,10 @@ class Stack:
             out["home"] = str(s.stack.home_path)
             out["kafka"]["pid"] = self.kafka.proc.pid()
             out["clickhouse"]["pid"] = self.clickhouse.proc.pid()
+            # Slurm is optional (`stack up --slurm`): it counts towards "healthy" only when it runs.
+            out["slurm"] = self.slurm.status()
+            if out["slurm"]["running"]:
+                out["healthy"] = out["healthy"] and out["slurm"]["healthy"]
         if ch_ok:
             try:
                 store = ClickHouseStore(s.clickhouse)

@@ -13,21 +13,38 @@ from trainguard.context import friendly_errors, settings
 
 @click.group()
 def stack() -> None:
-    """Start, stop and inspect the embedded Kafka + ClickHouse stack."""
+    """Start, stop and inspect the embedded Kafka + ClickHouse stack (and an optional local Slurm)."""
 
 
 @stack.command()
+@click.option(
+    "--slurm", is_flag=True, help="Also start a private local Slurm cluster (munged, slurmctld, slurmd)."
+)
+@click.option(
+    "--slurm-nodes",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Number of Slurm nodes n1..nN (default: stack.slurm_nodes, 6).",
+)
 @click.pass_context
 @friendly_errors
-def up(ctx: click.Context) -> None:
+def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None) -> None:
     """Start Kafka (KRaft) and ClickHouse, create topics, apply migrations (idempotent)."""
-    report = Stack(settings(ctx)).up()
+    if slurm_nodes is not None and not slurm:
+        raise click.UsageError("--slurm-nodes needs --slurm")
+    st = Stack(settings(ctx))
+    report = st.up(slurm=slurm, slurm_nodes=slurm_nodes)
     started = ", ".join(report.started) or "nothing (already running)"
     click.echo(f"started: {started}")
     if report.topics_created:
         click.echo(f"topics created: {len(report.topics_created)}")
     if report.migrations_applied:
         click.echo(f"migrations applied: {', '.join(report.migrations_applied)}")
+    if report.slurm_idle_s is not None:
+        click.echo(
+            f"slurm: {len(report.slurm_nodes)} node(s) idle ({report.slurm_idle_s:.1f}s); "
+            f"export SLURM_CONF={st.slurm.conf_file}"
+        )
     click.echo(f"stack healthy in {report.seconds:.1f}s")
 
 
@@ -35,7 +52,7 @@ def up(ctx: click.Context) -> None:
 @click.pass_context
 @friendly_errors
 def down(ctx: click.Context) -> None:
-    """Stop this stack home's Kafka and ClickHouse processes (and nothing else)."""
+    """Stop this stack home's Kafka, ClickHouse and Slurm processes (and nothing else)."""
     stopped = Stack(settings(ctx)).down()
     click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
@@ -48,7 +65,7 @@ def reset(ctx: click.Context, yes: bool) -> None:
     """Stop the stack and delete its data (topics, tables) under the stack home."""
     s = settings(ctx)
     if not yes:
-        click.confirm(f"Delete all Kafka and ClickHouse data under {s.stack.home_path}?", abort=True)
+        click.confirm(f"Delete all Kafka, ClickHouse and Slurm data under {s.stack.home_path}?", abort=True)
     stopped = Stack(s).reset()
     click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}; data deleted")
 
@@ -67,6 +84,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ok = {True: "healthy", False: "DOWN"}
         click.echo(f"kafka       {ok[k['healthy']]:8} {k['bootstrap_servers']}")
         click.echo(f"clickhouse  {ok[c['healthy']]:8} {c['url']} database={c['database']}")
+        sl = st.get("slurm") or {}
+        if sl.get("running"):
+            nodes = " ".join(f"{n['name']}={n['state']}" for n in sl["nodes"]) or sl.get("error", "")
+            click.echo(f"slurm       {ok[sl['healthy']]:8} {nodes}")
         if st.get("home"):
             click.echo(f"home        {st['home']}")
     ctx.exit(0 if st["healthy"] else 1)
