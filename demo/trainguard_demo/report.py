@@ -153,7 +153,10 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
     succeeded = [
         rec for rec in acting if rec.phase == "succeeded" and not _superseded(store, rec.decision_id)
     ]
-    recovered_ms = first_step_after(store, job, max(rec.ts_ms for rec in succeeded)) if succeeded else None
+    # Stepping again after the last restart -- not after the recovery's end: its replenish step
+    # may wait for that first step, and the step after the end is a later one.
+    after = _restart_end(store, succeeded) or max((rec.ts_ms for rec in succeeded), default=None)
+    recovered_ms = first_step_after(store, job, after) if after is not None else None
     action = _recovery_path(store, succeeded[0].decision_id) if succeeded else None
     failed = [rec for rec in acting if rec.phase in ("failed", "held")]
 
@@ -172,6 +175,18 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "recovered": _recovered(injection, failed, action),
         "phases": _phases(store, t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, succeeded),
     }
+
+
+def _restart_end(store: ClickHouseStore, succeeded: list[Recovery]) -> int | None:
+    """When the last restart step of these recoveries ended (None: they restarted nothing)."""
+    if not succeeded:
+        return None
+    rows = store.query(
+        "SELECT max(ts_ms) FROM action_events FINAL WHERE has(%(ids)s, decision_id) "
+        "AND phase = 'succeeded' AND step = 'restart'",
+        {"ids": [rec.decision_id for rec in succeeded]},
+    )
+    return int(rows[0][0]) if rows and rows[0][0] else None
 
 
 def _recovered(injection: dict[str, Any], failed: list[Recovery], action: str | None) -> bool:

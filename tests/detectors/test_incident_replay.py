@@ -212,15 +212,7 @@ THROUGH_KAFKA = ("xid", "nic-down", "crash", "oom")
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_real_worker_decides_what_the_real_run_decided(stack_settings: Settings, tmp_path: Path) -> None:
-    env = {
-        **_flat_env(WORKER_SECTION),
-        "TRAINGUARD__WORKER__SINK__MAX_WAIT_S": "0.3",
-        # A recording's end is a stall to this worker (its steps stop): two-phase hang detection
-        # would suspect it half the 6 s threshold after the last step, inside the 3 s after the
-        # window's end that this test counts (a nic-down run: an aggregate at +2.4 s).  No hang
-        # is replayed through Kafka here (THROUGH_KAFKA); the two-phase path has its own tests.
-        "TRAINGUARD__WORKER__MONITOR__STALL__PRECAPTURE_FRACTION": "0",
-    }
+    env = {**_flat_env(WORKER_SECTION), "TRAINGUARD__WORKER__SINK__MAX_WAIT_S": "0.3"}
     worker = WorkerProcess(unique("tg-incidents"), free_port(), tmp_path / "worker.log", env, stack_settings)
     worker.start()
     watcher = Watcher(stack_settings, DECISIONS)

@@ -83,7 +83,7 @@ def test_non_positive_baseline_never_flags() -> None:
 
 
 def test_stall_reports_ranks_behind_and_last_steps() -> None:
-    d = StepStallDetector(StallConfig(stall_s=600), job="j")
+    d = StepStallDetector(StallConfig(stall_s=600, precapture_fraction=0.5), job="j")
     for r in range(8):
         d.update(r, 50, ts=0.0)
     for r in range(8):
@@ -94,7 +94,7 @@ def test_stall_reports_ranks_behind_and_last_steps() -> None:
     early = d.check(now=629.0)
     assert early is not None and early.kind == "hang_suspect" and early.ranks == (6,)
     assert early.evidence["confirm_in_s"] == pytest.approx(1.0)
-    off = StepStallDetector(StallConfig(stall_s=600, precapture_fraction=0), job="j")
+    off = StepStallDetector(StallConfig(stall_s=600), job="j")  # the default: no early capture
     off.update(0, 50, ts=0.0)
     assert off.check(now=599.0) is None
     f = d.check(now=631.0, alive=dict.fromkeys(range(8), True))
