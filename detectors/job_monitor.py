@@ -88,7 +88,7 @@ class JobMonitor:
         self.stopped.update(e.rank, e.step, ts)
         self._last_step_ts_ms = max(self._last_step_ts_ms, e.ts_ms)
         if e.step_time_s is not None:
-            self.straggler.observe(e.rank, e.step_time_s, ts)
+            self.straggler.observe(e.rank, e.step_time_s, ts, step=e.step)
         findings: list[Finding] = []
         values = {k: v for k, v in (("loss", e.loss), ("grad_norm", e.grad_norm)) if v is not None}
         for f in self.spike.observe(ts, values, step=e.step):

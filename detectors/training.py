@@ -305,6 +305,10 @@ class StragglerConfig:
     min_samples: int = field(default=3, metadata=bounds(1, 100_000))
     #: MAD floor as a fraction of the median, so identical ranks do not make z infinite.
     mad_floor_frac: float = field(default=0.01, metadata=bounds(0.0, 1.0))
+    #: a rank's first steps after each (re)start are not judged: they are slow for reasons that
+    #: are not the rank's (lazy initialisation, a checkpoint load, cold caches).  A demo run's
+    #: straggler vote on its first steps evicted two healthy machines 18 s in.
+    warmup_steps: int = field(default=5, metadata=bounds(0, 1_000_000))
 
 
 class StragglerDetector:
@@ -326,8 +330,22 @@ class StragglerDetector:
         self.job = job
         self._times: dict[int, deque[tuple[float, float]]] = {}
 
-    def observe(self, rank: int, step_time_s: Any, ts: float) -> None:
-        """Record one step time of ``rank`` (non-finite or non-positive values are ignored)."""
+    #: rank -> (its last step, steps in a row since its last (re)start); class-level default:
+    #: detectors restored from state written before it existed start without it.
+    _run: dict[int, tuple[int, int]] | None = None
+
+    def observe(self, rank: int, step_time_s: Any, ts: float, step: int | None = None) -> None:
+        """Record one step time of ``rank`` (non-finite or non-positive values are ignored).
+        With ``step``, the first ``warmup_steps`` after each (re)start of the rank -- a step that
+        does not follow its last one -- are left out."""
+        if step is not None and self.config.warmup_steps > 0:
+            run = self._run if self._run is not None else {}
+            self._run = run
+            last, count = run.get(rank, (None, 0))
+            count = count + 1 if last is not None and step == last + 1 else 1
+            run[rank] = (step, count)
+            if count <= self.config.warmup_steps:
+                return
         v = _finite(step_time_s)
         if v is None or v <= 0 or _finite(ts) is None:
             return
