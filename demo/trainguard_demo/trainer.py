@@ -172,10 +172,13 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
         # the MFU-decline detector needs to see a fail-slow rank pull the whole job down.
         rep.flops_per_step = 6.0 * sum(p.numel() for p in stage.parameters()) * tokens
         rep.peak_flops = NOMINAL_PEAK_FLOPS
-        # The rank's normal step time, the unit of the slow fault: the median of its last 50
-        # healthy steps.  (An average of the last few made the "4x slower" rank anything from
-        # 2x to 5x slower on this busy host, and a 2x one too mild for the MFU detector.)
-        recent_steps: collections.deque[float] = collections.deque(maxlen=50)
+        # The rank's normal step time, the unit of the slow fault: the median of its last 200
+        # healthy steps (about a minute).  An average of the last few made the "4x slower" rank
+        # anything from 2x to 5x slower on this busy host; the median of the last 50 still caught
+        # a fast spell (0.2 s steps against a usual 0.3 s): the rank was 2.8x slower, the job's
+        # MFU fell to 0.37 of its 400-step baseline, just above the detector's 0.35, and the slow
+        # rank was never found (a demo run at 536796a).
+        recent_steps: collections.deque[float] = collections.deque(maxlen=200)
         t_prev = time.perf_counter()
         for step, (x, y) in zip(
             range(start + 1, spec.steps + 1), make_loader(data, start + 1, spec.steps + 1), strict=True
