@@ -9,6 +9,7 @@ configuration, not test servers, and are not chosen here.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 
 
@@ -43,3 +44,20 @@ def free_port_range(n: int, attempts: int = 100) -> int:
             continue
         return base
     raise RuntimeError(f"no {n} consecutive free TCP ports found in {attempts} attempts")
+
+
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive ports below the kernel's ephemeral range (32768+) that can be
+    bound now: ports from the ephemeral range may be taken by any outgoing connection before the
+    daemons bind them (seen: a slurmd failing with "Address already in use" on a busy host)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - n)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + n):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError(f"no {n} consecutive free ports found")

@@ -16,22 +16,13 @@ from click.testing import CliRunner
 
 from infra.config import load_settings
 from infra.proctable import LIVE
-from infra.stack.procs import StackError, port_in_use
+from infra.stack.procs import StackError
 from infra.stack.slurm import Slurm, SlurmConfig, _binary
-from tests.net import free_ports
+from tests.net import free_port_block, free_ports
 from tests.waiting import wait_until
 from trainguard.cli import main
 
 pytestmark = pytest.mark.slow
-
-
-def _free_block(n: int) -> int:
-    """The first of ``n`` consecutive ports nobody listens on (slurmd ports are a range)."""
-    for _ in range(50):
-        base = free_ports(1)[0]
-        if base + n <= 65535 and not any(port_in_use(p) for p in range(base, base + n)):
-            return base
-    raise AssertionError(f"no {n} consecutive free ports found")
 
 
 @pytest.fixture
@@ -39,7 +30,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     # Kafka/ClickHouse ports nobody listens on: `stack status`/`down` of this home must not reach
     # the running embedded stack.
     kafka, controller, http, tcp, ctld = free_ports(5)
-    base = _free_block(4)
+    base = free_port_block(4)
     return {
         "TRAINGUARD_HOME": str(tmp_path),
         "TRAINGUARD__STACK__KAFKA_PORT": str(kafka),
