@@ -34,15 +34,8 @@ def free_port_range(n: int, attempts: int = 100) -> int:
     (``port_base + k`` for the k-th launch)."""
     for _ in range(attempts):
         base = free_port()
-        if base + n > 65536:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in range(base, base + n):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
+        if base + n <= 65536 and _bindable(base, n):
+            return base
     raise RuntimeError(f"no {n} consecutive free TCP ports found in {attempts} attempts")
 
 
@@ -53,11 +46,17 @@ def free_port_block(n: int) -> int:
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(20_000, 32_000 - n)
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in range(base, base + n):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
+        if _bindable(base, n):
+            return base
     raise AssertionError(f"no {n} consecutive free ports found")
+
+
+def _bindable(base: int, n: int) -> bool:
+    """Whether ports ``base`` .. ``base + n - 1`` can all be bound on 127.0.0.1 right now."""
+    try:
+        with contextlib.ExitStack() as stack:
+            for port in range(base, base + n):
+                stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True

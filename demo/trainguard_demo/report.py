@@ -177,16 +177,21 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
     }
 
 
-def _restart_end(store: ClickHouseStore, succeeded: list[Recovery]) -> int | None:
-    """When the last restart step of these recoveries ended (None: they restarted nothing)."""
+def _step_rows(store: ClickHouseStore, succeeded: list[Recovery]) -> list[tuple[str, float, int]]:
+    """(step, total ms, last end ts_ms) of every succeeded step of these recoveries."""
     if not succeeded:
-        return None
+        return []
     rows = store.query(
-        "SELECT max(ts_ms) FROM action_events FINAL WHERE has(%(ids)s, decision_id) "
-        "AND phase = 'succeeded' AND step = 'restart'",
+        "SELECT step, sum(duration_ms), max(ts_ms) FROM action_events FINAL WHERE has(%(ids)s, decision_id) "
+        "AND phase = 'succeeded' AND step != 'recovery' GROUP BY step",
         {"ids": [rec.decision_id for rec in succeeded]},
     )
-    return int(rows[0][0]) if rows and rows[0][0] else None
+    return [(str(step), float(ms), int(end)) for step, ms, end in rows]
+
+
+def _restart_end(store: ClickHouseStore, succeeded: list[Recovery]) -> int | None:
+    """When the last restart step of these recoveries ended (None: they restarted nothing)."""
+    return max((end for step, _, end in _step_rows(store, succeeded) if step == "restart"), default=None)
 
 
 def _recovered(injection: dict[str, Any], failed: list[Recovery], action: str | None) -> bool:
@@ -226,13 +231,9 @@ def _phases(
     }
     if not succeeded:
         return out
-    rows = store.query(
-        "SELECT step, sum(duration_ms), max(ts_ms) FROM action_events FINAL WHERE has(%(ids)s, decision_id) "
-        "AND phase = 'succeeded' AND step != 'recovery' GROUP BY step",
-        {"ids": [rec.decision_id for rec in succeeded]},
-    )
-    out["steps"] = {str(step): round(float(ms) / 1000, 2) for step, ms, _ in rows}
-    restart_end = max((int(end) for step, _, end in rows if step == "restart"), default=None)
+    rows = _step_rows(store, succeeded)
+    out["steps"] = {step: round(ms / 1000, 2) for step, ms, _ in rows}
+    restart_end = max((end for step, _, end in rows if step == "restart"), default=None)
     out["first_step"] = span(restart_end, recovered_ms)
     return out
 
