@@ -304,7 +304,8 @@ class RecoveryRunner:
             self._emit(
                 rec, step.key, ActionPhase.STARTED, attempt=attempt, detail=detail, machines=step.machines
             )
-            ctx = StepContext(rec.decision_id, step.key, attempt, time.monotonic() + policy.timeout_s)
+            deadline = time.monotonic() + policy.timeout_s
+            ctx = StepContext(rec.decision_id, step.key, attempt, deadline, _category(rec.decision))
             t0 = time.monotonic()
             delay: float | None = None
             try:
@@ -458,6 +459,13 @@ def _from_stacks(decision: Decision) -> bool:
     not a machine that reported a fault itself."""
     detection = decision.evidence.get("detection")
     return isinstance(detection, dict) and detection.get("kind") == "over_eviction"
+
+
+def _category(decision: Decision) -> str:
+    """The fault category behind ``decision`` (its detection's), else its action."""
+    det = decision.evidence.get("detection") if isinstance(decision.evidence, dict) else None
+    category = det.get("category") if isinstance(det, dict) else None
+    return str(category) if category else decision.action.value
 
 
 def _source_ms(decision: Decision) -> int | None:

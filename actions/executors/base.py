@@ -53,6 +53,9 @@ class StepContext:
     attempt: int
     #: ``time.monotonic()`` value the call must finish by.
     deadline: float
+    #: the fault category the recovery answers (``gpu_unavailable``, ``job_hang``...): what an
+    #: executor tells its cluster, e.g. in a drained node's reason.
+    category: str = ""
 
     @property
     def op_id(self) -> str:

@@ -487,7 +487,8 @@ class SlurmExecutor:
                 f"refusing to drain {outside}: not part of Slurm job {alloc.job_id} of {spec.job} "
                 f"(its nodes: {alloc.nodes})"
             )
-        reason = f"trainguard {ctx.decision_id}: {ctx.step} from {spec.job}"
+        # What an operator reading `sinfo -R` needs: which decision, for what fault, of which job.
+        reason = f"trainguard {ctx.decision_id}: {ctx.category or ctx.step} in {spec.job}"
         for m in machines:
             if m in drained:
                 log.info("slurm: %s is drained already (%s): no-op", m, info[m].get("Reason", ""))

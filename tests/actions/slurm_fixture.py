@@ -57,12 +57,13 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         cluster.stop()
 
 
-def ctx(step: str, decision: str = "", seconds: float = 30.0) -> StepContext:
+def ctx(step: str, decision: str = "", seconds: float = 30.0, category: str = "") -> StepContext:
     return StepContext(
         decision_id=decision or f"dec-{uuid.uuid4().hex[:8]}",
         step=step,
         attempt=1,
         deadline=time.monotonic() + seconds,
+        category=category,
     )
 
 

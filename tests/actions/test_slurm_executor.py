@@ -122,9 +122,10 @@ def test_fault_evict_drain_and_restart_on_the_spare_from_the_checkpoint(job: Tra
 
     decision = "d-fault-n2"
     ex.stop(s, ctx("stop", decision))  # already gone: no-op
-    ex.evict(s, ["n2"], ctx("evict", decision))
+    ex.evict(s, ["n2"], ctx("evict", decision, category="gpu_unavailable"))
     n2 = job.node("n2")
-    assert "DRAIN" in n2["State"] and n2["Reason"].startswith(f"trainguard {decision}: evict")
+    # The reason names the decision and the fault category (issue 12), for `sinfo -R`.
+    assert "DRAIN" in n2["State"] and n2["Reason"].startswith(f"trainguard {decision}: gpu_unavailable")
     updates = len(_commands(job, "State=DRAIN"))
     ex.evict(s, ["n2"], ctx("evict", decision))  # evicting an evicted node: no-op
     assert len(_commands(job, "State=DRAIN")) == updates == 1
