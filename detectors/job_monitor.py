@@ -132,17 +132,16 @@ class JobMonitor:
             if status.busy(stream_now, self.config.stopped.recovery_silence_s)
             else self.stall.check(stream_now, alive=self.alive or None, since=status.last_stop_end)
         )
-        if hang is not None and hang.kind == "hang_suspect":
+        if hang is not None:
             max_step = int(hang.evidence["max_step"])
-            if self._suspect_reported_at_step != max_step and self._hang_reported_at_step != max_step:
-                self._suspect_reported_at_step = max_step
-                # The capture's verdict waits until then (wall clock: the aggregation's).
-                confirm_ms = now_ms + int(float(hang.evidence["confirm_in_s"]) * 1000)
-                hang = replace(hang, evidence={**hang.evidence, "confirm_at_ms": confirm_ms})
-                out.append(self._det(hang, self._last_step_ts_ms, now_ms, ("hang_suspect", max_step)))
-        elif hang is not None:
-            max_step = int(hang.evidence["max_step"])
-            if self._hang_reported_at_step != max_step:
+            if hang.kind == "hang_suspect":
+                if max_step not in (self._suspect_reported_at_step, self._hang_reported_at_step):
+                    self._suspect_reported_at_step = max_step
+                    # The capture's verdict waits until then (wall clock: the aggregation's).
+                    confirm_ms = now_ms + int(float(hang.evidence["confirm_in_s"]) * 1000)
+                    hang = replace(hang, evidence={**hang.evidence, "confirm_at_ms": confirm_ms})
+                    out.append(self._det(hang, self._last_step_ts_ms, now_ms, ("hang_suspect", max_step)))
+            elif self._hang_reported_at_step != max_step:
                 self._hang_reported_at_step = max_step
                 # Keyed by the stalled step: re-checking the same stall yields the same id.
                 out.append(self._det(hang, self._last_step_ts_ms, now_ms, ("hang", max_step)))

@@ -119,8 +119,9 @@ class PathState:
             _expect(data, dict)
             m = JobMonitor(key, p.config.monitor)
             for part in _MONITOR_PARTS:
-                if part in data or part != "settle":  # settle: absent from older documents
-                    setattr(m, part, data[part])
+                if part == "settle" and part not in data:
+                    continue  # a document written before the exit wait existed: a fresh one
+                setattr(m, part, data[part])
             m.node_of, m.alive = dict(data["node_of"]), dict(data["alive"])
             m._hang_reported_at_step = data["hang_at"]
             m._suspect_reported_at_step = data.get("suspect_at")  # absent from older documents

@@ -237,7 +237,7 @@ class LocalExecutor:
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
         demo = self.launch_spec(JobSpec(job=job, ts_ms=0, topology=_topology_of(self.cluster, job)))
         state = self._load_state()
-        self._after_first_step(job, ctx)
+        self._after_first_step(demo, ctx)
         names = []
         for _ in range(count):
             n = state.get("standby_seq", 0)
@@ -287,15 +287,12 @@ class LocalExecutor:
         self._restarted[spec.job] = time.time()
         self._replenish(demo.machine_names(), demo.ranks_per_machine)
 
-    def _after_first_step(self, job: str, ctx: StepContext) -> None:
-        """Wait (``provision_wait_s`` at most) until every rank of ``job``'s latest restart has
+    def _after_first_step(self, demo: LaunchSpec, ctx: StepContext) -> None:
+        """Wait (``provision_wait_s`` at most) until every rank of the job's latest restart has
         finished a step; at once when this executor did not restart it."""
+        job = demo.job
         since = self._restarted.get(job)
         if since is None or self.cfg.provision_wait_s <= 0:
-            return
-        try:
-            demo = LaunchSpec.from_json((self.cluster / "jobs" / f"{job}.json").read_text())
-        except (OSError, ValueError):
             return
 
         def stepped() -> bool:

@@ -155,7 +155,8 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
     ]
     # Stepping again after the last restart -- not after the recovery's end: its replenish step
     # may wait for that first step, and the step after the end is a later one.
-    after = _restart_end(store, succeeded) or max((rec.ts_ms for rec in succeeded), default=None)
+    steps = _step_rows(store, succeeded)
+    after = _restart_end(steps) or max((rec.ts_ms for rec in succeeded), default=None)
     recovered_ms = first_step_after(store, job, after) if after is not None else None
     action = _recovery_path(store, succeeded[0].decision_id) if succeeded else None
     failed = [rec for rec in acting if rec.phase in ("failed", "held")]
@@ -173,7 +174,7 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "recovered_s": since_injection(recovered_ms),
         "action": action or ("tolerated" if detected_ms and not acting else None),
         "recovered": _recovered(injection, failed, action),
-        "phases": _phases(store, t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, succeeded),
+        "phases": _phases(t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, steps),
     }
 
 
@@ -189,9 +190,9 @@ def _step_rows(store: ClickHouseStore, succeeded: list[Recovery]) -> list[tuple[
     return [(str(step), float(ms), int(end)) for step, ms, end in rows]
 
 
-def _restart_end(store: ClickHouseStore, succeeded: list[Recovery]) -> int | None:
-    """When the last restart step of these recoveries ended (None: they restarted nothing)."""
-    return max((end for step, _, end in _step_rows(store, succeeded) if step == "restart"), default=None)
+def _restart_end(steps: list[tuple[str, float, int]]) -> int | None:
+    """When the last restart step of :func:`_step_rows` ended (None: they restarted nothing)."""
+    return max((end for step, _, end in steps if step == "restart"), default=None)
 
 
 def _recovered(injection: dict[str, Any], failed: list[Recovery], action: str | None) -> bool:
@@ -206,36 +207,28 @@ def _recovered(injection: dict[str, Any], failed: list[Recovery], action: str | 
 
 
 def _phases(
-    store: ClickHouseStore,
     t_ms: int,
     detected_ms: int | None,
     localised_ms: int | None,
     decided_ms: int | None,
     recovered_ms: int | None,
-    succeeded: list[Any],
+    steps: list[tuple[str, float, int]],
 ) -> dict[str, Any]:
     """Where the incident's time went, in seconds: detect (injection -> first detection),
     localise (-> first decision naming machines), decide (-> the acting decision), each recovery
-    step as the action service timed it, and the first step (the restart's end -> the first
-    training step after it)."""
+    step as the action service timed it (``steps``: :func:`_step_rows`), and the first step (the
+    restart's end -> the first training step after it)."""
 
     def span(start: int | None, end: int | None) -> float | None:
         return None if start is None or end is None else round(max(0, end - start) / 1000, 2)
 
-    out: dict[str, Any] = {
+    return {
         "detect": span(t_ms, detected_ms),
         "localise": span(detected_ms, localised_ms) if localised_ms else None,
         "decide": span(localised_ms or detected_ms, decided_ms),
-        "steps": {},
-        "first_step": None,
+        "steps": {step: round(ms / 1000, 2) for step, ms, _ in steps},
+        "first_step": span(_restart_end(steps), recovered_ms),
     }
-    if not succeeded:
-        return out
-    rows = _step_rows(store, succeeded)
-    out["steps"] = {step: round(ms / 1000, 2) for step, ms, _ in rows}
-    restart_end = max((end for step, _, end in rows if step == "restart"), default=None)
-    out["first_step"] = span(restart_end, recovered_ms)
-    return out
 
 
 def _first_ts(
