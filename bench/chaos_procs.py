@@ -498,9 +498,18 @@ def end_offsets(stack: ChaosStack, topics: Iterable[Topic]) -> dict[tuple[str, i
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(**stack.settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False)
+    parts = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
     try:
-        parts = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
-        return {(tp.topic, tp.partition): int(o) for tp, o in c.end_offsets(parts).items()}
+        # Right after a private stack comes up, a partition may not have a leader yet and
+        # kafka-python's end_offsets then raises KeyError for it (seen in CI): ask again.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return {(tp.topic, tp.partition): int(o) for tp, o in c.end_offsets(parts).items()}
+            except KeyError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         c.close()
 
