@@ -110,7 +110,9 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         # Evict kills the machine's processes with SIGKILL and does not wait for their exit
         # (nothing of the job runs there any more): they are gone moments later.
         wait_until(
-            lambda: not ex._ranks("t", {"m1"}) and not ex._spares("m1") and zygote_pid(tmp_path, "m1") is None,
+            lambda: (
+                not ex._ranks("t", {"m1"}) and not ex._spares("m1") and zygote_pid(tmp_path, "m1") is None
+            ),
             10,
             "m1's rank, pool and zygote gone",  # the machine leaves with its zygote
         )
