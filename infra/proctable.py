@@ -75,6 +75,23 @@ def parse_stat(text: str) -> ProcStat:
     )
 
 
+def parse_signal_masks(status: str) -> dict[str, int]:
+    """The SigCgt, SigIgn and SigBlk masks of a ``/proc/PID/status`` text (hex, bit N-1 = signal N).
+
+    >>> parse_signal_masks("SigBlk:\\t0000000000000000\\nSigIgn:\\t0000001000\\nSigCgt:\\t00004002\\n")
+    {'SigBlk': 0, 'SigIgn': 4096, 'SigCgt': 16386}
+    """
+    out = {}
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigCgt", "SigIgn", "SigBlk"):
+            try:
+                out[key] = int(value.strip(), 16)
+            except ValueError:
+                continue
+    return out
+
+
 def parse_environ(raw: bytes) -> dict[str, str]:
     """``/proc/PID/environ`` (NUL-separated ``K=V``).
 
@@ -158,6 +175,19 @@ class ProcTable:
     def cmdline(self, pid: int) -> str:
         """The command line as one string, NULs turned into spaces ("" when gone)."""
         return self._cmdline_raw(pid).replace("\0", " ").strip()
+
+    def takes_default(self, pid: int, sig: int) -> bool:
+        """True when ``sig`` would act on ``pid`` by its default action: not caught by a handler,
+        not ignored, not blocked by its main thread (``/proc/PID/status`` SigCgt/SigIgn/SigBlk).
+        For SIGTERM that means a sent signal is fatal: the process runs no more of its own code,
+        even while the kernel has yet to schedule its exit.  False when gone or unreadable."""
+        try:
+            text = self._read(pid, "status").decode("ascii", "replace")
+        except OSError:
+            return False
+        masks = parse_signal_masks(text)
+        bit = 1 << (sig - 1)
+        return len(masks) == 3 and not any(masks[k] & bit for k in ("SigCgt", "SigIgn", "SigBlk"))
 
     def environ(self, pid: int) -> dict[str, str] | None:
         """The environment it started with, or None when it is not ours to read (or gone)."""

@@ -84,7 +84,10 @@ class DemoConfig:
     pp: int = 2
     dp: int = 2
     ranks_per_machine: int = 2
-    standbys: int = 2
+    #: warm standby machines kept ready: three, because two-machine evictions (a straggler's
+    #: pair, a hang's group) 40 s apart emptied a pool of two, and a replacement takes 40-56 s
+    #: to be ready under this load (a NIC-down eviction waited 8 s for one).
+    standbys: int = 3
     steps: int = 100_000
     #: a stall is a hang after 3 x the p99 step time (about 2.5 s here: 0.3-0.8 s steps, up to
     #: 1.6 s when the two cores are busiest), never before 2 s nor after 6 s.

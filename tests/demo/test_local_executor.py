@@ -7,6 +7,9 @@ is driven the way the action service drives it, and everything is checked from t
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,8 +129,10 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
         )
         assert ex._ranks("t", {"standby-0"})
 
+        # Stop returns once SIGTERM is sent to ranks that take it by default (they run no more of
+        # their code); their exits follow.
         ex.stop(spec, _ctx("stop"))
-        assert ex._ranks("t") == []
+        wait_until(lambda: ex._ranks("t") == [], 10, "the stopped ranks gone")
     finally:
         for h in (first, *pools, *zygotes):
             stop_job(h, grace_s=0)
@@ -135,3 +140,45 @@ def test_warm_restart_eviction_and_stop(tmp_path: Path) -> None:
             for group in pids.values():
                 ex._kill(group)
         ex._kill(ex._ranks("t"))
+
+
+_GRACEFUL = (
+    "import signal, sys, time\n"
+    "def bye(*_):\n"
+    "    time.sleep(0.3)  # a clean shutdown takes a moment\n"
+    "    open(sys.argv[1], 'w').write('clean')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_stop_waits_for_a_graceful_process_not_for_a_doomed_one(tmp_path: Path) -> None:
+    """A rank with a SIGTERM handler gets its grace (its clean exit happens before _kill returns);
+    one that takes SIGTERM by default is only signalled (it runs none of its code again)."""
+    ex = LocalExecutor(
+        LocalConfig(cluster_dir=str(tmp_path), stop_grace_s=10.0, start_exporters=False),
+        ExecutorEnv(state_dir=tmp_path / "executor"),
+    )
+    graceful = subprocess.Popen(
+        [sys.executable, "-c", _GRACEFUL, str(tmp_path / "clean")],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    plain = subprocess.Popen(
+        [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        for p in (graceful, plain):
+            assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+        ex._kill([graceful.pid, plain.pid])
+        assert (tmp_path / "clean").read_text() == "clean"  # waited for, within its grace
+        assert graceful.wait(5) == 0
+        assert plain.wait(5) == -signal.SIGTERM  # signalled, and it went
+    finally:
+        for p in (graceful, plain):
+            p.kill()
+            p.wait()

@@ -49,3 +49,45 @@ def test_live_table_sees_zombies_and_reaped_children() -> None:
         child.kill()
         child.wait()
     assert not LIVE.alive(child.pid) and LIVE.stat(child.pid) is None
+
+
+_HANDLES_TERM = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], 'w').write('bye'), sys.exit(0)))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+_BLOCKS_TERM = (
+    "import signal, time\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_takes_default_reads_the_signal_masks(tmp_path: Path) -> None:
+    """Default SIGTERM (a plain sleeper), caught (a handler), blocked (a mask), gone."""
+    procs = {
+        "default": subprocess.Popen(
+            [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+            stdout=subprocess.PIPE,
+        ),
+        "caught": subprocess.Popen(
+            [sys.executable, "-c", _HANDLES_TERM, str(tmp_path / "bye")], stdout=subprocess.PIPE
+        ),
+        "blocked": subprocess.Popen([sys.executable, "-c", _BLOCKS_TERM], stdout=subprocess.PIPE),
+    }
+    try:
+        for p in procs.values():
+            assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+        term = 15
+        assert LIVE.takes_default(procs["default"].pid, term)
+        assert not LIVE.takes_default(procs["caught"].pid, term)
+        assert not LIVE.takes_default(procs["blocked"].pid, term)
+        assert LIVE.takes_default(procs["caught"].pid, 10)  # SIGUSR1: no handler there
+        assert not LIVE.takes_default(4_000_000, term)  # gone: nothing to say
+        assert not ProcTable(FIXTURE_PROC).takes_default(101, term)  # no status file in the fixture
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
