@@ -232,7 +232,7 @@ class LocalExecutor:
             # pays for its children's first use of torch's libraries (a demo run: 2.9 s for the
             # first diagnosis, 0.45 s for the next, on the same four machines; here 1.4 s, then
             # 0.3-0.8 s) -- with the job stopped.  Pass or fail, the answers are not used.
-            run_local(["prewarm-0", "prewarm-1"], self.cfg.diagnostic_tests, timeout_s=30.0)
+            run_local(["prewarm-0", "prewarm-1"], self.diagnostic_tests, timeout_s=30.0)
 
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         self._kill(self._ranks(spec.job))

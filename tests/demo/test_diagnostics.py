@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 from trainguard_demo.diagnostics import LocalFaults, alignment_digest, prewarm, ring_pairs, run_local
 from trainguard_demo.diagnostics import server as diagnostics
+from trainguard_demo.executor import LocalConfig, LocalExecutor
 
+from actions.executors.base import ExecutorEnv, StepContext
+from schemas.control import JobSpec
+from schemas.topology import JobTopology
 from tests.net import free_port
 from tests.waiting import wait_until
 
@@ -103,3 +109,24 @@ def test_a_dead_server_fails_what_it_was_running_and_is_replaced() -> None:
     assert prewarm() and diagnostics._get_server() is not server  # a new one replaced it
     results = run_local(["a", "b", "c"], ["alignment"], LocalFaults(perturb=frozenset({"b"})), timeout_s=20)
     assert {r.machine for r in results if not r.passed} == {"b"}
+
+
+@pytest.mark.slow
+def test_the_local_executor_prepares_the_stop_time_tests(tmp_path: Path) -> None:
+    """prepare() starts the test server and runs one throwaway round of every test (so the first
+    real diagnosis is not the one paying for the children's first use of torch); a diagnosis of
+    the job's machines then works as usual."""
+    ex = LocalExecutor(
+        LocalConfig(cluster_dir=str(tmp_path), start_exporters=False), ExecutorEnv(state_dir=tmp_path / "ex")
+    )
+    ex.prepare()
+    results = ex.run_diagnostics(
+        JobSpec(job="t", ts_ms=0, topology=JobTopology(job="t")),
+        ["m0", "m1"],
+        list(ex.diagnostic_tests),
+        StepContext(decision_id="d1", step="diagnose", attempt=0, deadline=time.monotonic() + 60),
+    )
+    assert {(r.machine, r.test) for r in results} == {
+        (m, t) for m in ("m0", "m1") for t in ex.diagnostic_tests
+    }
+    assert all(r.passed for r in results), results
