@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,10 @@ class LocalConfig:
     port_span: int = field(default=200, metadata=bounds(1, 10000))
     #: grace between SIGTERM and SIGKILL when stopping ranks.
     stop_grace_s: float = field(default=3.0, metadata=bounds(0, 600))
+    #: the ranks' SIGTERM handler only reports the exit and dies (TrainGuard's reporter, as in
+    #: the demo's trainer): a stop then does not wait for their exits (see ``_kill``).  False
+    #: for a trainer whose handler does real work, such as an emergency checkpoint.
+    sigterm_is_final: bool = False
     #: standby machines are named <prefix><n>.
     standby_prefix: str = "standby-"
     diagnostics_timeout_s: float = field(default=30.0, metadata=bounds(1, 3600))
@@ -195,33 +200,60 @@ class LocalExecutor:
         (default ``stop_grace_s``; 0 for idle processes that hold nothing worth a clean exit).
         ``wait=False`` (with ``grace_s=0`` only): send SIGKILL and return.
 
-        A process that takes SIGTERM by its default action is not waited for once the signal is
-        sent: it runs none of its own code again (no step, no checkpoint write) and only its exit
-        is left, which the kernel schedules when a core is free -- 0.4-1.4 s for eight ranks on
-        the demo's two busy cores, every second of it with the job stopped.  A process with a
-        handler (a graceful shutdown) gets its grace."""
+        A *doomed* process is not waited for once SIGTERM is sent: one that takes SIGTERM by its
+        default action, or any rank when ``sigterm_is_final`` says its handler only reports the
+        exit and dies.  It runs no more of its training code (the handler runs before the next
+        Python statement: no further step, no checkpoint rename), and only its exit is left,
+        which the kernel schedules when a core is free -- 0.4-1.4 s for eight ranks on the demo's
+        two busy cores, every second of it with the job stopped.  A background timer still
+        SIGKILLs a doomed process that outlives the grace (a handler stuck behind a C call).  A
+        process with a handler that may do real work (a graceful shutdown) gets its grace."""
         t0 = time.monotonic()
         grace = self.cfg.stop_grace_s if grace_s is None else grace_s
-        steps = ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)) if grace > 0 else ((signal.SIGKILL, 5.0),)
-        for sig, wait_s in steps:
-            doomed = set()
-            for pid in pids:
-                # Read before sending: once delivered, the answer is gone with the process.
-                fatal = sig is signal.SIGKILL or LIVE.takes_default(pid, sig)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, sig)  # each rank leads its group: its DataLoader worker goes too
-                    if fatal:
-                        doomed.add(pid)
-            if not wait and sig is signal.SIGKILL:
-                return
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(LIVE.alive(p) and p not in doomed for p in pids):
-                time.sleep(0.02)
-            if not any(LIVE.alive(p) and p not in doomed for p in pids):
-                break
+        if grace > 0:
+            doomed = self._signal(pids, signal.SIGTERM)
+            self._escalate_later(doomed, grace)
+            waited = [p for p in pids if p not in doomed]
+            if not wait_for(lambda: not any(LIVE.alive(p) for p in waited), grace):
+                self._signal([p for p in waited if LIVE.alive(p)], signal.SIGKILL)
+                wait_for(lambda: not any(LIVE.alive(p) for p in waited), 5.0)
+        else:
+            self._signal(pids, signal.SIGKILL)
+            if wait:
+                wait_for(lambda: not any(LIVE.alive(p) for p in pids), 5.0)
         took = time.monotonic() - t0
         if took > 1.0:  # every second here is a second of the job stopped
-            log.warning("stopping %d processes took %.2f s (%s first)", len(pids), took, steps[0][0].name)
+            log.warning("stopping %d processes took %.2f s (grace %.1f s)", len(pids), took, grace)
+
+    def _signal(self, pids: list[int], sig: signal.Signals) -> set[int]:
+        """Send ``sig`` to each pid's process group (each rank leads its group: its DataLoader
+        worker goes too); the pids it reached that it dooms (see :meth:`_kill`)."""
+        doomed = set()
+        for pid in pids:
+            # Read before sending: once delivered, the answer is gone with the process.
+            fatal = sig is signal.SIGKILL or self.cfg.sigterm_is_final or LIVE.takes_default(pid, sig)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+                if fatal:
+                    doomed.add(pid)
+        return doomed
+
+    def _escalate_later(self, pids: set[int], grace_s: float) -> None:
+        """SIGKILL, after ``grace_s``, whichever of ``pids`` still runs -- the same process (its
+        start time unchanged), never a new one that got its pid."""
+        started = {p: st.starttime for p in pids if (st := LIVE.stat(p)) is not None and st.alive}
+        if not started:
+            return
+
+        def escalate() -> None:
+            late = [p for p, t in started.items() if (st := LIVE.stat(p)) and st.alive and st.starttime == t]
+            if late:
+                log.warning("%d stopped processes outlived their %.1f s grace: SIGKILL", len(late), grace_s)
+                self._signal(late, signal.SIGKILL)
+
+        timer = threading.Timer(grace_s, escalate)
+        timer.daemon = True
+        timer.start()
 
     # -- the Executor protocol ----------------------------------------------------------------
     def prepare(self) -> None:

@@ -197,6 +197,8 @@ class Demo:
                 "executor_options": {
                     "cluster_dir": str(self.cluster),
                     "stop_grace_s": 1.0,
+                    # The trainer's SIGTERM handler is the reporter's: it reports the exit and dies.
+                    "sigterm_is_final": True,
                     "warm_delay_s": self.cfg.warm_delay_s,
                 },
                 "state_dir": str(self.dir / "actions"),

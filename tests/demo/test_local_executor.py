@@ -154,31 +154,53 @@ _GRACEFUL = (
 )
 
 
+def _started(tmp_path: Path, code: str, *args: str) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, start_new_session=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+    return p
+
+
+_PLAIN = "print('ready', flush=True); import time; time.sleep(60)"
+_DEAF = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+
+
+def _executor(tmp_path: Path, **options: object) -> LocalExecutor:
+    return LocalExecutor(
+        LocalConfig(cluster_dir=str(tmp_path), start_exporters=False, **options),  # type: ignore[arg-type]
+        ExecutorEnv(state_dir=tmp_path / "executor"),
+    )
+
+
 def test_stop_waits_for_a_graceful_process_not_for_a_doomed_one(tmp_path: Path) -> None:
     """A rank with a SIGTERM handler gets its grace (its clean exit happens before _kill returns);
     one that takes SIGTERM by default is only signalled (it runs none of its code again)."""
-    ex = LocalExecutor(
-        LocalConfig(cluster_dir=str(tmp_path), stop_grace_s=10.0, start_exporters=False),
-        ExecutorEnv(state_dir=tmp_path / "executor"),
-    )
-    graceful = subprocess.Popen(
-        [sys.executable, "-c", _GRACEFUL, str(tmp_path / "clean")],
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    plain = subprocess.Popen(
-        [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
+    ex = _executor(tmp_path, stop_grace_s=10.0)
+    graceful = _started(tmp_path, _GRACEFUL, str(tmp_path / "clean"))
+    plain = _started(tmp_path, _PLAIN)
     try:
-        for p in (graceful, plain):
-            assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
         ex._kill([graceful.pid, plain.pid])
         assert (tmp_path / "clean").read_text() == "clean"  # waited for, within its grace
         assert graceful.wait(5) == 0
         assert plain.wait(5) == -signal.SIGTERM  # signalled, and it went
     finally:
         for p in (graceful, plain):
+            p.kill()
+            p.wait()
+
+
+def test_final_sigterm_is_not_waited_for_and_a_deaf_process_is_killed_after_the_grace(tmp_path: Path) -> None:
+    """sigterm_is_final (the demo: the ranks' handler only reports the exit): _kill returns before
+    the handler is done, the handler still finishes its exit; a process that ignores SIGTERM is
+    SIGKILLed by the background timer once the grace is over."""
+    ex = _executor(tmp_path, stop_grace_s=1.0, sigterm_is_final=True)
+    graceful = _started(tmp_path, _GRACEFUL, str(tmp_path / "clean"))
+    deaf = _started(tmp_path, _DEAF)
+    try:
+        ex._kill([graceful.pid, deaf.pid])
+        assert not (tmp_path / "clean").exists()  # not waited for: its handler sleeps 0.3 s first
+        assert graceful.wait(10) == 0 and (tmp_path / "clean").read_text() == "clean"
+        assert deaf.wait(10) == -signal.SIGKILL  # the grace passed: killed in the background
+    finally:
+        for p in (graceful, deaf):
             p.kill()
             p.wait()
