@@ -204,3 +204,25 @@ def test_final_sigterm_is_not_waited_for_and_a_deaf_process_is_killed_after_the_
         for p in (graceful, deaf):
             p.kill()
             p.wait()
+
+
+def test_evict_stops_the_evicted_machines_node_exporter(tmp_path: Path) -> None:
+    """An evicted machine leaves with its node agent; the other machines' agents stay."""
+    ex = _executor(tmp_path)
+
+    def agent(machine: str) -> subprocess.Popen[bytes]:
+        state = tmp_path / "machines" / machine / "exporter"
+        code = "print('ready', flush=True); import time; time.sleep(60)"
+        return _started(tmp_path, code, "demo-exporter", "--node", machine, "--state-dir", str(state))
+
+    stays, goes = agent("m0"), agent("m1")
+    spec = make_spec(tmp_path, free_port(), tp=2, pp=1, dp=1, ranks_per_machine=1, machines=["m0", "m1"])
+    try:
+        ex.evict(_control_spec(spec), ["m1"], _ctx("evict"))
+        assert goes.wait(10) == -signal.SIGTERM
+        assert stays.poll() is None
+        assert (tmp_path / "machines" / "m1" / "EVICTED").exists()
+    finally:
+        for p in (stays, goes):
+            p.kill()
+            p.wait()
