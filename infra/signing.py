@@ -51,13 +51,16 @@ H_KID, H_IAT, H_EXP, H_SIG = "tg-kid", "tg-iat", "tg-exp", "tg-sig"
 _HEADERS = (H_KID, H_IAT, H_EXP, H_SIG)
 
 #: which topics each principal may sign: workers emit decisions and exporter commands, the action
-#: service decisions (code updates) and job specs (after a swap), the operator everything.
+#: service decisions (code updates) and job specs (after a swap), the job launcher (``trainguard
+#: launch``, on the training nodes, where users' jobs can read its key) only a job's first spec,
+#: the operator everything.
 ROLE_TOPICS: dict[str, frozenset[str]] = {
     "worker": frozenset({DECISIONS, COMMANDS}),
     "actions": frozenset({DECISIONS, JOBS}),
+    "launcher": frozenset({JOBS}),
     "operator": frozenset({DECISIONS, JOBS, COMMANDS, CONTROL}),
 }
-PRINCIPALS: tuple[str, ...] = ("worker", "actions", "operator")
+PRINCIPALS: tuple[str, ...] = ("worker", "actions", "launcher", "operator")
 
 TRUSTED_FILE = "trusted.yaml"
 _SIG_LEN = 64
