@@ -52,7 +52,7 @@ _HEADERS = (H_KID, H_IAT, H_EXP, H_SIG)
 
 #: which topics each principal may sign: workers emit decisions and exporter commands, the action
 #: service decisions (code updates) and job specs (after a swap), the job launcher (``trainguard
-#: launch``, on the training nodes, where users' jobs can read its key) only a job's first spec,
+#: launch``, on the training nodes, where users' jobs can read its key) job specs only,
 #: the operator everything.
 ROLE_TOPICS: dict[str, frozenset[str]] = {
     "worker": frozenset({DECISIONS, COMMANDS}),

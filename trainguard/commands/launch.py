@@ -1,0 +1,314 @@
+"""``trainguard launch --job J [options] -- CMD ARGS...``: one Slurm task of a training job.
+
+What a job script runs after ``srun`` (one launch per task)::
+
+    srun --ntasks-per-node=8 trainguard launch --job llm --tp 8 --pp 4 -- python train.py ...
+
+Each task maps Slurm's environment to the job topology (:mod:`trainguard.launch_env`), starts CMD
+with the usual torch variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``) and the reporter's (``TRAINGUARD_JOB``, ``TRAINGUARD_RANK``,
+``TRAINGUARD_NODE``, ``TRAINGUARD_REPORTER_SOCKET``), forwards SIGTERM, SIGINT and SIGUSR1 to it and
+exits with its exit code (128 + the signal if a signal killed it, as a shell does): Slurm and the
+exporter classify the exit by that code.  Slurm itself signals every process of a step, so on
+``scancel`` the training process may get the signal twice (from Slurm and forwarded); once the
+child is gone the launcher ignores them, so a late one cannot replace the child's exit code.
+
+Rank 0 publishes the job's spec (machines = the step's nodes, standbys = the allocation's other
+nodes) to the jobs topic, signed with the ``launcher`` key, in the background: the training
+starts at once and never waits for TrainGuard.  Kafka unreachable or no signing key: the attempts
+are counted and logged, retried until ``--publish-timeout``, and the training runs on regardless.
+A step the action service restarted (``TRAINGUARD_RESTART`` set) publishes nothing: the service
+published the spec it restarted on, and the latest spec wins.
+
+Readiness: once CMD runs (and, on rank 0, the spec is published or given up on) every task prints
+``trainguard launch: job J rank R on NODE ready`` and writes ``--ready-file`` (JSON, atomically).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from infra.backoff import Backoff
+from schemas.base import now_ms
+from schemas.config import ConfigError, load_config
+from trainguard.context import settings
+
+if TYPE_CHECKING:
+    from trainguard.launch_env import LaunchPlan
+
+#: signals passed on to the training process.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+#: how long a launcher whose training exited waits for a publish still under way.
+EXIT_GRACE_S = 2.0
+PREFIX = "trainguard launch:"
+
+
+def say(message: str) -> None:
+    click.echo(f"{PREFIX} {message}", err=True)
+
+
+@dataclass
+class SpecOutcome:
+    """What became of rank 0's job spec: ``published``, ``failed``, or ``not published`` (other ranks,
+    ``--no-publish``, a restarted step), with the attempts made and the last error."""
+
+    state: str = "not published"
+    attempts: int = 0
+    failures: int = 0
+    error: str = ""
+
+
+def publish_spec(plan: LaunchPlan, ctx: click.Context, timeout_s: float) -> SpecOutcome:
+    """Publish ``plan``'s JobSpec, retrying Kafka errors until ``timeout_s``; never raises."""
+    from infra.bus import EventProducer, signer_for
+    from infra.signing import AuthError
+    from schemas.topics import JOBS
+
+    out = SpecOutcome()
+    deadline = time.monotonic() + timeout_s
+    backoff = Backoff(initial_s=1.0, max_s=10.0, jitter=0.3)
+    spec = plan.job_spec()
+    while True:
+        out.attempts += 1
+        producer = None
+        try:
+            s = settings(ctx)
+            signer = signer_for(s, "launcher")
+            left_ms = max(1000, int((deadline - time.monotonic()) * 1000))
+            # Both bounded by what is left: kafka-python waits 30 s for a first broker by default.
+            extra = {"max_block_ms": left_ms, "bootstrap_timeout_ms": left_ms}
+            producer = EventProducer(s.kafka, signer=signer, extra=extra)
+            producer.send(spec, JOBS).get(timeout=max(1.0, deadline - time.monotonic()))
+            out.state, out.error = "published", ""
+            say(
+                f"job spec of {plan.job} published (attempt {out.attempts}): machines "
+                f"{','.join(plan.topology.machines)}, standbys {','.join(plan.standbys) or 'none'}"
+            )
+            return out
+        except (ConfigError, AuthError) as exc:  # settings or keys: no retry can fix these
+            out.failures += 1
+            out.state, out.error = "failed", str(exc)
+            break
+        except Exception as exc:  # Kafka away or refusing: retried; never let it reach the training
+            out.failures += 1
+            out.state, out.error = "failed", f"{type(exc).__name__}: {exc}"
+        finally:
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    producer.close(timeout_s=2.0)
+        delay = backoff.next_delay()
+        if time.monotonic() + delay >= deadline:
+            break
+        say(
+            f"job spec of {plan.job} not published (attempt {out.attempts}): {out.error}; "
+            f"retry in {delay:.1f}s"
+        )
+        time.sleep(delay)
+    say(
+        f"ERROR: job spec of {plan.job} NOT published after {out.attempts} attempt(s): {out.error}. "
+        "The training runs, but TrainGuard does not know its machines and standbys until a spec is "
+        "published (check the kafka and signing settings, `trainguard keys init --principal launcher`)"
+    )
+    return out
+
+
+class Forwarder:
+    """Passes SIGTERM/SIGINT/SIGUSR1 on to the child; signals that come before it exists wait."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.pending: list[int] = []
+
+    def install(self) -> None:
+        for sig in FORWARDED:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.child is None:
+            self.pending.append(signum)
+        else:
+            self._send(signum)
+
+    def ignore(self) -> None:
+        """Once the child is gone: nothing to forward, and the launcher must not die of a late
+        signal (Slurm signals every process of a cancelled step) with the child's exit code in hand.
+        Python's own shutdown puts SIG_DFL back in place of its handlers, but leaves SIG_IGN."""
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def attach(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        while self.pending:
+            self._send(self.pending.pop(0))
+
+    def _send(self, signum: int) -> None:
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signum)
+
+
+def write_ready_file(path: str, body: dict[str, Any]) -> None:
+    """``body`` as JSON at ``path``, atomically (a reader never sees half a file)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(body, fh, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def signal_ready(plan: LaunchPlan, pid: int, outcome: SpecOutcome) -> None:
+    click.echo(f"{PREFIX} job {plan.job} rank {plan.rank} on {plan.node} ready")
+    if not plan.ready_file:
+        return
+    body = {
+        "job": plan.job,
+        "slurm_job_id": plan.slurm_job_id,
+        "step_id": plan.step_id,
+        "rank": plan.rank,
+        "local_rank": plan.local_rank,
+        "node": plan.node,
+        "world_size": plan.world_size,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "pid": pid,
+        "ts_ms": now_ms(),
+        "spec": asdict(outcome),
+    }
+    try:
+        write_ready_file(plan.ready_file, body)
+    except OSError as exc:  # a bad path must not stop the training
+        say(f"ERROR: ready file {plan.ready_file} not written: {exc}")
+
+
+def exit_code(returncode: int) -> int:
+    """A child's exit status as a shell reports it: its code, or 128 + the signal that killed it.
+
+    >>> exit_code(3), exit_code(-15), exit_code(-9)
+    (3, 143, 137)
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _option_error(message: str) -> str:
+    """A config error in the options' words: ``LaunchConfig.publish_timeout_s: ...`` ->
+    ``--publish-timeout: ...``."""
+    m = re.match(r"LaunchConfig(?:\.(\w+))?: ", message)
+    if m is None:
+        return message
+    name = _OPTION_NAMES.get(m.group(1) or "", "--" + (m.group(1) or "").replace("_", "-"))
+    return f"{name}: {message[m.end() :]}" if m.group(1) else message[m.end() :]
+
+
+_OPTION_NAMES = {"publish_timeout_s": "--publish-timeout"}
+
+
+@click.command("launch", context_settings={"allow_interspersed_args": False})
+@click.option("--job", required=True, help="The TrainGuard job name.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel size.")
+@click.option("--dp", type=int, default=0, help="Data parallel size (default: tasks / (tp * pp)).")
+@click.option("--order", default="tp-dp-pp", show_default=True, help="Rank order, fastest dimension first.")
+@click.option("--master-addr", default="", help="Rendezvous host (default: the step's first node).")
+@click.option(
+    "--master-port", type=int, default=0, help="Rendezvous port (default: 20000 + Slurm job id % 10000)."
+)
+@click.option(
+    "--reporter-socket",
+    default="",
+    help="The node exporter's reporter socket (default: $TRAINGUARD_REPORTER_SOCKET or "
+    "/run/trainguard/reporter.sock). May hold {node}, {job_id}, {step_id}, {rank}, {local_rank}.",
+)
+@click.option(
+    "--ready-file", default="", help="Write this JSON file once ready (same placeholders as above)."
+)
+@click.option("--publish/--no-publish", default=True, help="Rank 0 publishes the job spec (default: yes).")
+@click.option(
+    "--publish-timeout",
+    "publish_timeout_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds rank 0 keeps trying to publish the spec (training runs meanwhile).",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None:
+    """Run one Slurm task of a training job: CMD with its rank's environment; rank 0 publishes the
+    job spec.  Use after srun: srun trainguard launch --job J --tp 8 -- python train.py"""
+    # Here, not at the top: every `trainguard` command would pay for the Slurm parsing imports.
+    from trainguard.launch_env import LaunchConfig, LaunchError, plan_launch
+
+    if not command:
+        raise click.UsageError("give the training command after --: trainguard launch --job J -- CMD ARGS...")
+    try:
+        cfg = load_config(LaunchConfig, options)
+    except ConfigError as exc:
+        raise click.UsageError(_option_error(str(exc))) from None
+    try:
+        plan = plan_launch(cfg, os.environ)
+    except LaunchError as exc:
+        raise click.ClickException(f"{PREFIX} {exc}") from None
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        # kafka-python logs every refused connection; the launcher says once what failed.
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    forwarder = Forwarder()
+    forwarder.install()
+    if plan.rank == 0:
+        t = plan.topology
+        say(
+            f"job {plan.job}: Slurm job {plan.slurm_job_id} step {plan.step_id}, {plan.world_size} ranks "
+            f"(tp{t.tp} pp{t.pp} dp{t.dp}, {t.ranks_per_machine} per node) on {','.join(t.machines)}, "
+            f"standbys {','.join(plan.standbys) or 'none'}, master {plan.master_addr}:{plan.master_port}"
+        )
+    try:
+        child = subprocess.Popen(list(command), env={**os.environ, **plan.child_env()})
+    except FileNotFoundError:
+        say(f"{command[0]}: command not found")
+        ctx.exit(127)
+    except OSError as exc:
+        say(f"{command[0]}: {exc.strerror or exc}")
+        ctx.exit(126)
+    forwarder.attach(child)
+    publisher: threading.Thread | None = None
+    if plan.publishes:
+
+        def publish_then_ready() -> None:
+            signal_ready(plan, child.pid, publish_spec(plan, ctx, cfg.publish_timeout_s))
+
+        publisher = threading.Thread(target=publish_then_ready, name="trainguard-launch-publish", daemon=True)
+        publisher.start()
+    else:
+        if plan.rank == 0 and plan.publish and plan.restart:
+            say(f"step restarted by the action service (TRAINGUARD_RESTART={plan.restart}): its spec stands")
+        signal_ready(plan, child.pid, SpecOutcome())
+    code = exit_code(child.wait())
+    forwarder.ignore()
+    if publisher is not None and publisher.is_alive():
+        publisher.join(EXIT_GRACE_S)
+        if publisher.is_alive():
+            say(f"training exited before the job spec of {plan.job} was published; giving up on it")
+    ctx.exit(code)
+
+
+COMMANDS: list[click.Command] = [launch]
