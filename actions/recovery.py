@@ -283,6 +283,18 @@ class RecoveryRunner:
 
     # --- steps -----------------------------------------------------------------------------------
 
+    def _executor_detail(self, ctx: StepContext) -> str:
+        """What the executor changed for this step (the Slurm executor: the commands it ran,
+        ``Executor.detail``, optional), for the step's action event; never fails the step."""
+        detail = getattr(self.executor, "detail", None)
+        if not callable(detail):
+            return ""
+        try:
+            return str(detail(ctx.op_id))
+        except Exception as exc:  # a report must not turn a done step into a failed one
+            log.warning("executor detail of %s: %s", ctx.op_id, exc)
+            return ""
+
     def _spec_now(self, rec: Recovery, results: dict[str, Any]) -> JobSpec:
         assert rec.context is not None
         raw = rec.context["spec"]
@@ -331,7 +343,7 @@ class RecoveryRunner:
                     ActionPhase.SUCCEEDED,
                     attempt=attempt,
                     duration_ms=took,
-                    detail=_describe(step, result),
+                    detail=_join(_describe(step, result), self._executor_detail(ctx)),
                     machines=step.machines,
                 ):
                     self.store.mark_announced(rec.decision_id, step.key)
@@ -418,6 +430,10 @@ class RecoveryRunner:
         except Exception as exc:
             raise TemporaryError(f"publishing the new JobSpec failed: {exc}") from exc
         self.store.save_spec(spec)
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def _describe(step: Step, result: dict[str, Any]) -> str:

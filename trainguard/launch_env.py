@@ -15,8 +15,10 @@ Which Slurm variables are read, first one set wins:
 * tasks per node ``SLURM_STEP_TASKS_PER_NODE``, ``SLURM_TASKS_PER_NODE``, ``SLURM_NTASKS_PER_NODE``
   (``2(x3)`` means 2 on each of 3 nodes; different counts per node are refused: TrainGuard's
   topology puts the same number of consecutive ranks on every machine);
-* the step's nodes ``SLURM_STEP_NODELIST``, ``SLURM_JOB_NODELIST``; the allocation's
-  ``SLURM_JOB_NODELIST``, ``SLURM_NODELIST`` (neither: no standbys).
+* the step's nodes ``SLURM_STEP_NODELIST``, ``SLURM_JOB_NODELIST``, in the order of
+  ``TRAINGUARD_NODES`` when the action service started the step (it keeps each rank's place: a
+  spare takes the evicted node's ranks); the allocation's ``SLURM_JOB_NODELIST``,
+  ``SLURM_NODELIST`` (neither: no standbys).
 
 Ranks must be placed in blocks (``srun --distribution=block``, the default): rank ``r`` on node
 ``r // tasks_per_node``, which is checked against ``SLURMD_NODENAME`` and ``SLURM_LOCALID``.
@@ -138,6 +140,8 @@ class LaunchPlan:
             "TRAINGUARD_JOB": self.job,
             "TRAINGUARD_RANK": str(self.rank),
             "TRAINGUARD_NODE": self.node,
+            # every rank's node in rank order (node i holds ranks [i*LOCAL_WORLD_SIZE, ...)).
+            "TRAINGUARD_MACHINES": ",".join(self.topology.machines),
             "TRAINGUARD_REPORTER_SOCKET": self.reporter_socket,
         }
 
@@ -190,6 +194,16 @@ def plan_launch(cfg: LaunchConfig, environ: Mapping[str, str]) -> LaunchPlan:
     world = _int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
     step_var, step_list = _first(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
     machines = _hosts(step_var, step_list)
+    ordered = environ.get("TRAINGUARD_NODES", "").strip()
+    if ordered:
+        # A step the action service started: its node order (a spare in the evicted node's
+        # place, ranks placed in that order by ``srun --distribution=arbitrary``), not Slurm's.
+        order = _hosts("TRAINGUARD_NODES", ordered)
+        if sorted(order) != sorted(machines):
+            raise LaunchError(
+                f"TRAINGUARD_NODES={ordered} names other nodes than the step's {step_var}={step_list}"
+            )
+        machines, step_var, step_list = order, "TRAINGUARD_NODES", ordered
     try:
         alloc_var, alloc_list = _first(environ, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     except LaunchError:  # no allocation list: no standbys

@@ -87,7 +87,10 @@ class ExecutorEnv:
 
 @runtime_checkable
 class Executor(Protocol):
-    """Effects of recovery steps on one kind of cluster (see the module docstring's contract)."""
+    """Effects of recovery steps on one kind of cluster (see the module docstring's contract).
+
+    Optional beyond the protocol: ``detail(op_id) -> str``, what the executor changed for step
+    ``op_id`` (e.g. the commands it ran), added to that step's action event."""
 
     name: str
     #: the stop-time tests :meth:`run_diagnostics` can run (``actions.diagnostics`` picks from these).

@@ -546,9 +546,17 @@ class SlurmExecutor:
         self._save(spec.job, data)
         gen = data["generation"]
         tpn = self.cfg.tasks_per_node or spec.topology.ranks_per_machine
+        logfile = self.dir / spec.job / f"step-{gen}.log"
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        # Ranks in the spec's node order (a spare in the evicted node's place keeps that node's
+        # ranks, so the topology's parallel groups stay what the workers think they are); block
+        # placement would follow Slurm's sorted node order instead.  With the arbitrary
+        # distribution the node list is the task layout, a node per task.  The launcher reads
+        # the same order from TRAINGUARD_NODES.
+        layout = ",".join(n for n in nodes for _ in range(tpn))
         argv = [
             "srun", f"--jobid={alloc.job_id}", f"--job-name={name}", f"--nodes={len(nodes)}",
-            f"--ntasks={len(nodes) * tpn}", f"--ntasks-per-node={tpn}", f"--nodelist={','.join(nodes)}",
+            f"--ntasks={len(nodes) * tpn}", "--distribution=arbitrary", f"--nodelist={layout}",
             "--kill-on-bad-exit=1", *self.cfg.srun_args, *self.cfg.step_command,
         ]  # fmt: skip
         env = {
@@ -559,8 +567,6 @@ class SlurmExecutor:
             "TRAINGUARD_DECISION": ctx.decision_id,
             "TRAINGUARD_CODE_VERSION": self._version(spec.job),
         }
-        logfile = self.dir / spec.job / f"step-{gen}.log"
-        logfile.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with logfile.open("ab") as out:
             # Detached: its own session, so the step outlives a restart of the action service.

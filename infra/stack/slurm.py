@@ -120,6 +120,19 @@ def slurm_conf(cfg: SlurmConfig, dir: Path, munge_socket: Path) -> str:
     )
 
 
+#: long node states (sinfo %T) of a node that registered and answers; a trailing ``*`` means it
+#: does not answer, ``down``/``unknown``/``future`` that it is not (yet) in service.
+_UP_STATES = {"idle", "mixed", "allocated", "completing", "drained", "draining", "planned", "reserved"}
+
+
+def _up(state: str) -> bool:
+    """
+    >>> _up("idle"), _up("drained"), _up("mixed"), _up("idle*"), _up("down"), _up("unknown")
+    (True, True, True, False, False, False)
+    """
+    return state in _UP_STATES
+
+
 def _binary(name: str) -> str:
     # Debian puts the daemons in /usr/sbin, which is not on every user's PATH.
     path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin")
@@ -247,7 +260,9 @@ class Slurm:
             f.write(data)
 
     def wait_idle(self, timeout_s: float) -> float:
-        """Wait until every node is idle; returns the seconds waited."""
+        """Wait until every node has registered and answers: idle, or taken by what an earlier run
+        left (an allocation, a drain: an operator's business, not a failed start); returns the
+        seconds waited."""
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         last: dict[str, str] = {}
@@ -262,10 +277,10 @@ class Slurm:
                 last = {n["name"]: n["state"] for n in self.nodes()}
             except StackError:
                 last = {}
-            if len(last) == self.cfg.nodes and all(s == "idle" for s in last.values()):
+            if len(last) == self.cfg.nodes and all(_up(s) for s in last.values()):
                 return time.monotonic() - t0
             time.sleep(0.5)
-        not_idle = {n: s for n, s in last.items() if s != "idle"} or "no answer from slurmctld"
+        not_idle = {n: s for n, s in last.items() if not _up(s)} or "no answer from slurmctld"
         raise StackError(
             f"Slurm nodes not idle after {timeout_s:.0f}s ({not_idle}); see {self.dir / 'log'}/slurmctld.log "
             f"and slurmd-nX.log; slurmctld's last log lines:\n{self._tail(self.ctld)}"

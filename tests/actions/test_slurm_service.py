@@ -120,6 +120,9 @@ def test_a_decision_drains_the_node_and_the_step_restarts_on_the_spare_once_acro
         # the checkpoint it resumed from, which is at least what was saved at the kill; the new
         # step's rank 0 (n1) may not yet have saved that first step itself.
         first = job.wait_progress("n4", 0, timeout_s=60)
+        # n4 took n2's place and with it n2's rank (1), not the last rank that Slurm's sorted
+        # node order (n1, n3, n4) would give it: the parallel groups stay what the workers think.
+        assert first[1] == "1", first
         assert at_kill < int(first[2]) <= job.checkpoint() + 1
         job.wait_progress("n4", int(first[2]) + 3)
     finally:
@@ -136,6 +139,9 @@ def test_a_decision_drains_the_node_and_the_step_restarts_on_the_spare_once_acro
     node = parse_record(job.sh("scontrol", "-o", "show", "node", "n2"))
     assert "DRAIN" in node["State"]
     assert node["Reason"].startswith(f"trainguard {decision.decision_id}:") and job.name in node["Reason"]
+    # The action events say what was done in Slurm: the drain command and its exit code.
+    evicted = _event(actions_watch, decision.decision_id, "evict", ActionPhase.SUCCEEDED)
+    assert evicted and "scontrol update NodeName=n2 State=DRAIN" in evicted[-1].detail, evicted
     # The kill fell inside the stop: it ran again after the restart, and nothing after it twice.
     status = subprocess.run(
         [sys.executable, "-m", "trainguard", "actions", "status", "--json", "--job", job.name],

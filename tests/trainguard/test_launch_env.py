@@ -71,9 +71,24 @@ def test_four_nodes_two_ranks_each_in_a_six_node_allocation() -> None:
         "TRAINGUARD_JOB": "llm",
         "TRAINGUARD_RANK": "5",
         "TRAINGUARD_NODE": "n3",
+        "TRAINGUARD_MACHINES": "n1,n2,n3,n4",
         "TRAINGUARD_REPORTER_SOCKET": DEFAULT_SOCKET,
     }
     assert not plan.publishes  # rank 5
+
+
+def test_a_step_the_action_service_started_keeps_its_node_order() -> None:
+    # n5 took the evicted n2's place: srun --distribution=arbitrary put ranks 2-3 on n5, and
+    # Slurm's own node list (sorted) would say n3.
+    env = slurm_env(
+        SLURM_STEP_NODELIST="n[1,3-5]", SLURM_PROCID="2", SLURM_LOCALID="0", SLURMD_NODENAME="n5",
+        TRAINGUARD_NODES="n1,n5,n3,n4", TRAINGUARD_RESTART="1",
+    )  # fmt: skip
+    plan = plan_launch(LaunchConfig(job="llm", tp=2, pp=2), env)
+    assert plan.topology.machines == ["n1", "n5", "n3", "n4"] and plan.node == "n5"
+    assert plan.standbys == ["n2", "n6"] and plan.child_env()["TRAINGUARD_MACHINES"] == "n1,n5,n3,n4"
+    with pytest.raises(LaunchError, match="other nodes than the step's"):
+        plan_launch(LaunchConfig(job="llm", tp=2, pp=2), {**env, "TRAINGUARD_NODES": "n1,n2,n3,n4"})
 
 
 def test_zero_padded_ranges_and_ntasks_per_node_only() -> None:
