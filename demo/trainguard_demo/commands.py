@@ -1,6 +1,7 @@
 """The demo's commands, added to ``trainguard`` through the ``trainguard.commands`` entry point:
 
-* ``trainguard demo`` -- the end-to-end demo (a real PyTorch job on a local process cluster);
+* ``trainguard demo`` -- the end-to-end demo (a real PyTorch job on a local process cluster, or
+  with ``--cluster slurm`` a batch job on the stack's private Slurm);
 * ``trainguard inject`` -- inject a fault into a machine of a running demo;
 * ``trainguard demo-exporter`` -- the node exporter of a demo machine (simulated GPUs);
 * ``trainguard demo-diagnose`` -- the real stop-time tests on local subprocess "machines".
@@ -31,20 +32,36 @@ from trainguard.context import friendly_errors, settings
 @click.option("--keep", is_flag=True, help="Leave the cluster, worker and action service running.")
 @click.option(
     "--baseline/--no-baseline",
-    default=True,
+    default=None,
+    help="Run the same scenario on a second job under the baseline policy (timeout + cold requeue); "
+    "default: yes on the local cluster (not available under Slurm).",
+)
+@click.option(
+    "--cluster",
+    type=click.Choice(["local", "slurm"]),
+    default="local",
     show_default=True,
-    help="Run the same scenario on a second job under the baseline policy (timeout + cold requeue).",
+    help="local: machines are process groups on this host; slurm: nodes of the stack's private "
+    "Slurm (started with it), recovery through the slurm executor.",
 )
 @click.pass_context
 @friendly_errors
 def demo(
-    ctx: click.Context, scenario_file: str | None, summary_json: str | None, keep: bool, baseline: bool
+    ctx: click.Context,
+    scenario_file: str | None,
+    summary_json: str | None,
+    keep: bool,
+    baseline: bool | None,
+    cluster: str,
 ) -> None:
     """Run a real PyTorch job on a local cluster through injected faults; print timeline and ETTR."""
     from trainguard_demo.report import print_timeline
     from trainguard_demo.run import DEFAULT_SCENARIO, Demo, DemoConfig
+    from trainguard_demo.slurm_demo import SLURM_SCENARIO, SlurmDemo, print_slurm
 
-    scenario = DEFAULT_SCENARIO
+    if cluster == "slurm" and baseline:
+        raise click.UsageError("--baseline runs on the local cluster only (drop it with --cluster slurm)")
+    scenario = DEFAULT_SCENARIO if cluster == "local" else SLURM_SCENARIO
     if scenario_file:
         scenario = yaml.safe_load(Path(scenario_file).read_text())
         if not isinstance(scenario, list) or not all(isinstance(i, dict) and "fault" in i for i in scenario):
@@ -53,10 +70,16 @@ def demo(
             )
     import signal
 
-    d = Demo(settings(ctx), DemoConfig(baseline=baseline), scenario)
+    if cluster == "slurm":
+        d: Demo = SlurmDemo(settings(ctx), DemoConfig(baseline=False), scenario)
+    else:
+        d = Demo(settings(ctx), DemoConfig(baseline=baseline is not False), scenario)
 
     def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # run the cleanup below on SIGTERM too, not only on Ctrl-C
+        # Run the cleanup below on SIGTERM too, not only on Ctrl-C -- once: a second SIGTERM (a
+        # supervisor that signals the whole group) must not cut the cleanup itself short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
     try:
@@ -65,6 +88,7 @@ def demo(
         if not keep:
             d.stop()
     print_timeline(summary)
+    print_slurm(summary)
     if summary_json:
         Path(summary_json).write_text(json.dumps(summary, indent=2))
     missed = [i["fault"] for i in summary["incidents"] if not i["recovered"]]
