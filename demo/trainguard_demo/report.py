@@ -178,6 +178,18 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
     }
 
 
+def stepping_after(store: ClickHouseStore, job: str, recoveries: list[Recovery]) -> int | None:
+    """When ``job`` took its first step after the last restart of these succeeded recoveries
+    (after their end when they restarted nothing): what the timeline calls recovered.  The end
+    of a recovery is not enough -- a restart returns once the scheduler runs the new processes,
+    and under Slurm they take ~20 s more to step (a cold start)."""
+    succeeded = [rec for rec in recoveries if rec.phase == "succeeded"]
+    if not succeeded:  # failed or held: whether training went on regardless, after their end
+        return first_step_after(store, job, max(rec.ts_ms for rec in recoveries)) if recoveries else None
+    after = _restart_end(_step_rows(store, succeeded)) or max(rec.ts_ms for rec in succeeded)
+    return first_step_after(store, job, after)
+
+
 def _step_rows(store: ClickHouseStore, succeeded: list[Recovery]) -> list[tuple[str, float, int]]:
     """(step, total ms, last end ts_ms) of every succeeded step of these recoveries."""
     if not succeeded:

@@ -48,9 +48,9 @@ from trainguard_demo.node import exporter_argv
 from trainguard_demo.report import (
     NOT_ACTING,
     build_summary,
-    first_step_after,
     recoveries_since,
     standby_readiness,
+    stepping_after,
 )
 
 if TYPE_CHECKING:
@@ -370,9 +370,14 @@ class Demo:
             recoveries = recoveries_since(self._store(), self.job, t_ms)
             acting = [rec for rec in recoveries if rec.action not in NOT_ACTING]
             still_open = [rec for rec in acting if rec.phase == "started"]
-            ended = max((rec.ts_ms for rec in acting), default=t_ms)
-            resumed = step >= step_before + self.cfg.settle_steps and (
-                not acting or first_step_after(self._store(), self.job, ended) is not None
+            # A fault training does not feel (Xid, NIC down) leaves the job stepping until its
+            # decision comes (5-13 s later): not handled before a recovery of it has run --
+            # except a flap, to be tolerated, and a slow rank, watched for ``watch_s``.
+            waiting = kind not in ("nic-flap", "slow") and not acting
+            resumed = (
+                not waiting
+                and step >= step_before + self.cfg.settle_steps
+                and (not acting or stepping_after(self._store(), self.job, acting) is not None)
             )
             if kind == "slow" and any(rec.action == "evict" for rec in acting):
                 watch_until = min(watch_until, time.time())  # the slow machine is gone

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard_demo.report import build_summary, standby_readiness
+from trainguard_demo.report import build_summary, recoveries_since, standby_readiness, stepping_after
 
 from infra.clickhouse.store import ClickHouseStore
 from schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
@@ -86,6 +86,16 @@ def test_the_summary_breaks_each_incident_into_phases_and_reports_skipped_faults
     restart_end = T0 + 11_600 + 4_500
     assert phases["first_step"] == (T0 + 18_000 - restart_end) / 1000
     assert nan["recovered"] is False and nan["phases"] == {} and "not injected" in nan["action"]
+
+
+def test_handled_means_stepping_after_the_restart(store: ClickHouseStore) -> None:
+    """What the demo waits for before the next fault: the first step after the restart ended
+    (a cold Slurm restart steps ~20 s after it), the same instant the timeline calls recovered."""
+    _rows(store)
+    recoveries = recoveries_since(store, JOB, T0 + 10_000)
+    assert [r.phase for r in recoveries] == ["succeeded"]
+    assert stepping_after(store, JOB, recoveries) == T0 + 18_000
+    assert stepping_after(store, JOB, []) is None
 
 
 def test_a_fault_no_recovery_carried_out_is_not_recovered(store: ClickHouseStore) -> None:
