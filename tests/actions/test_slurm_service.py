@@ -55,6 +55,20 @@ def _event(watch: Watcher, decision_id: str, step: str, phase: ActionPhase) -> l
     ]
 
 
+def _wait_event(
+    watch: Watcher, decision_id: str, step: str, phases: set[ActionPhase], timeout_s: float
+) -> None:
+    watch.wait_for(
+        lambda e: (
+            isinstance(e, ActionEvent)
+            and e.decision_id == decision_id
+            and e.step == step
+            and e.phase in phases
+        ),
+        timeout_s=timeout_s,
+    )
+
+
 def test_a_decision_drains_the_node_and_the_step_restarts_on_the_spare_once_across_a_service_kill(
     stack_settings: Settings, job: TrainingJob, tmp_path: Path, actions_watch: Watcher
 ) -> None:
@@ -89,15 +103,8 @@ def test_a_decision_drains_the_node_and_the_step_restarts_on_the_spare_once_acro
     decision = make_decision(job.name, Action.EVICT, ["n2"])
     send(stack_settings, decision)
     try:
-        actions_watch.wait_for(
-            lambda e: (
-                isinstance(e, ActionEvent)
-                and e.decision_id == decision.decision_id
-                and e.step == "stop"
-                and e.phase is ActionPhase.STARTED
-            ),
-            timeout_s=150,  # a loaded 2-core box starts the CLI slowly
-        )
+        # A loaded 2-core box starts the CLI slowly.
+        _wait_event(actions_watch, decision.decision_id, "stop", {ActionPhase.STARTED}, timeout_s=150)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # mid-stop: the step's ranks are still exiting
         proc.wait(10)
@@ -107,15 +114,8 @@ def test_a_decision_drains_the_node_and_the_step_restarts_on_the_spare_once_acro
 
     proc = _service(config, log)
     try:
-        actions_watch.wait_for(
-            lambda e: (
-                isinstance(e, ActionEvent)
-                and e.decision_id == decision.decision_id
-                and e.step == "recovery"
-                and e.phase in (ActionPhase.SUCCEEDED, ActionPhase.FAILED, ActionPhase.HELD)
-            ),
-            timeout_s=150,
-        )
+        ended = {ActionPhase.SUCCEEDED, ActionPhase.FAILED, ActionPhase.HELD}
+        _wait_event(actions_watch, decision.decision_id, "recovery", ended, timeout_s=150)
         # The spare trains from the checkpoint on (not from step 1): its first step is one past
         # the checkpoint it resumed from, which is at least what was saved at the kill; the new
         # step's rank 0 (n1) may not yet have saved that first step itself.
