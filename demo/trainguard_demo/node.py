@@ -29,7 +29,10 @@ def exporter_argv(cluster_dir: Path, machine: str, job: str, python: str = sys.e
         str(Path(python).with_name("trainguard")), "demo-exporter", "--node", machine, "--job", job,
         "--root", str(root), "--kernel-log", str(kernel_log(cluster_dir, machine)),
         "--state-dir", str(mdir / "exporter"), "--socket", str(mdir / "reporter.sock"),
-        "--cmd-pattern", pattern, "--simulate-gpus", "8", "--interval", "nic=5",
+        # NIC every 2 s: a link that stays down is confirmed by the rule's second sample 2 s
+        # after the first (at 5 s that took 5-10 s of a 40-s gap), while a 1-s flap still shows
+        # in one sample at most and stays tolerated.
+        "--cmd-pattern", pattern, "--simulate-gpus", "8", "--interval", "nic=2",
     ]  # fmt: skip
 
 
