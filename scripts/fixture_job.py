@@ -18,7 +18,17 @@ Faults (``--fault``, on ``--fault-rank`` from step ``--fault-step``): ``compute_
 the forward matmul), ``dataloader_hang`` (the worker blocks reading a FIFO nobody writes),
 ``checkpoint_hang`` (the writer blocks opening a FIFO checkpoint path), ``skip_send`` (the
 forward send to the next stage is skipped), ``slow_rank`` (the rank's forward compute takes
-``--slow-factor`` times ``--compute-s``: a fail-slow straggler running the same code slower).
+``--slow-factor`` times ``--compute-s``: a fail-slow straggler running the same code slower),
+``skip_allreduce`` (the rank leaves out its DP gradient all-reduce: a collective the others wait in),
+``mismatch_allreduce`` (its DP all-reduce has a different size), ``die`` (the process exits),
+``stop_in_allreduce`` (the rank marks ``stopped_rank<R>`` and stops itself with SIGSTOP on the way
+into its DP all-reduce: a process frozen inside a collective).
+
+``--fr-dir DIR`` turns PyTorch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE``) and starts a thread
+that, once ``DIR/dump-now`` exists, writes the rank's dump in both of PyTorch's formats:
+``DIR/pickle/fr_trace_rank_<R>`` (``_dump_fr_trace``) and ``DIR/json/fr_trace_rank_<R>``
+(``_dump_fr_trace_json``), the names PyTorch gives its own dumps (``<prefix><rank>``).  A rank
+whose collective raised (a peer died) keeps its process so that it can still be dumped.
 The function names follow Megatron's on purpose: the analyser's pattern table targets real
 framework names, and this job stands in for such a framework.
 """
@@ -28,7 +38,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -189,11 +202,33 @@ def send_backward(stage: Stage, grad: torch.Tensor) -> None:
     dist.send(grad.contiguous(), dst=stage.prev)
 
 
-def finalize_model_grads(stage: Stage) -> None:
+def finalize_model_grads(stage: Stage, step: int) -> None:
     grad = stage.weight.grad
     assert grad is not None
+    if stage.faulty(step, "skip_allreduce"):
+        return
+    if stage.faulty(step, "die"):
+        os._exit(1)
+    if stage.faulty(step, "stop_in_allreduce"):
+        (Path(stage.args.workdir) / f"stopped_rank{dist.get_rank()}").write_text(str(step))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if stage.faulty(step, "mismatch_allreduce"):
+        grad = torch.zeros(HIDDEN + 1, HIDDEN)
     dist.all_reduce(grad, group=stage.groups["dp"])
     grad /= stage.t.dp
+
+
+def flight_recorder_dumper(fr_dir: Path, rank: int) -> None:
+    """Wait for ``fr_dir/dump-now``, then write this rank's Flight Recorder dump in both formats."""
+    from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+
+    while not (fr_dir / "dump-now").exists():
+        time.sleep(0.1)
+    for fmt, dump in (("pickle", _dump_fr_trace), ("json", _dump_fr_trace_json)):
+        (fr_dir / fmt).mkdir(parents=True, exist_ok=True)
+        tmp = fr_dir / fmt / f".fr_trace_rank_{rank}.tmp"
+        tmp.write_bytes(dump())
+        tmp.rename(fr_dir / fmt / f"fr_trace_rank_{rank}")
 
 
 def train_step(stage: Stage, batch: torch.Tensor, step: int) -> float:
@@ -213,7 +248,7 @@ def train_step(stage: Stage, batch: torch.Tensor, step: int) -> float:
     if s.prev is not None:
         assert x.grad is not None
         send_backward(s, x.grad)
-    finalize_model_grads(s)
+    finalize_model_grads(s, step)
     return loss
 
 
@@ -230,10 +265,15 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--checkpoint", action="store_true")
     p.add_argument("--workdir", required=True)
+    p.add_argument("--fr-dir", help="enable the Flight Recorder; dump here on DIR/dump-now")
+    p.add_argument("--fr-entries", type=int, default=2000, help="Flight Recorder ring buffer size")
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
+    if args.fr_dir:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = str(args.fr_entries)  # read when the groups are made
+        threading.Thread(target=flight_recorder_dumper, args=(Path(args.fr_dir), rank), daemon=True).start()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     t = Topo(args.tp, args.pp, args.dp, rank)
     groups = build_groups(t)
@@ -256,7 +296,12 @@ def main() -> None:
     step = 0
     while True:
         batch = next(batches)
-        train_step(stage, batch, step)
+        try:
+            train_step(stage, batch, step)
+        except RuntimeError:  # a peer is gone: stay, as a hung job does, to be dumped
+            traceback.print_exc()
+            while True:
+                time.sleep(1)
         if pending:
             wait_for_checkpoint(ckpt_acks)
             pending = False

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
+from detectors.eviction import choose_group, preference_order
 from detectors.stacks.analysis import RankState, RoundAnalysis, analyze_round, rank_states
 from detectors.stacks.config import OverEvictionConfig
 from detectors.stacks.loader import Round
@@ -26,7 +27,7 @@ from detectors.stacks.patterns import PatternTable, Role
 from detectors.stacks.result import Evidence, OverEvictionResult, StackClass, Vote
 from detectors.stacks.roles import StackReader
 from schemas.enums import Verdict
-from schemas.topology import DIMS, Dim, JobTopology
+from schemas.topology import Dim, JobTopology
 
 MODES = ("auto", "hang", "fail_slow")
 
@@ -43,8 +44,7 @@ class OverEvictionClassifier:
         self.topology = topology
         self.config = config or OverEvictionConfig()
         self.reader = StackReader(patterns, self.config.evidence_frames)
-        self._preference: list[Dim] = [k for k in DIMS if k in self.config.evict_preference]
-        self._preference.sort(key=self.config.evict_preference.index)
+        self._preference: list[Dim] = preference_order(self.config.evict_preference)
 
     def states(self, round_: Round) -> list[RankState]:
         return rank_states(round_, self.topology.world_size, self.reader)
@@ -144,21 +144,7 @@ class OverEvictionClassifier:
 
     def choose_group(self, roots: Sequence[int]) -> tuple[str, tuple[int, ...]]:
         """The parallel group to evict for these root ranks (see module docstring)."""
-        topo = self.topology
-        kinds: list[Dim] = [k for k in self._preference if topo.size(k) > 1]
-        if not kinds:
-            kinds = [self._preference[0]]  # a 1x1x1 job: the rank's own "group"
-        best: tuple[int, str, tuple[int, ...]] | None = None
-        for k in kinds:
-            groups = {tuple(topo.group(k, r)) for r in roots}
-            if len(groups) == 1:
-                return k, groups.pop()
-            for g in sorted(groups):
-                held = sum(1 for r in roots if r in g)
-                if best is None or held > best[0]:
-                    best = (held, k, g)
-        assert best is not None
-        return best[1], best[2]
+        return choose_group(self.topology, roots, self._preference)
 
     def _why(self, states: list[RankState], ra: RoundAnalysis) -> str:
         root = states[ra.roots[0]]

@@ -1,0 +1,35 @@
+"""PyTorch Flight Recorder dumps: read them safely (pickle or JSON) and find the collective a hung
+job is stuck in, the ranks it waits for, and the parallel group to evict.  Pure: file reading at
+most, no network or subprocesses."""
+
+from detectors.flight_recorder.analysis import (
+    FlightRecorderConfig,
+    FlightRecorderResult,
+    GroupState,
+    Mismatch,
+    StuckCollective,
+    analyze_dumps,
+)
+from detectors.flight_recorder.load import (
+    Entry,
+    FlightRecorderError,
+    Group,
+    RankDump,
+    load_dump_dir,
+    parse_dump,
+)
+
+__all__ = [
+    "Entry",
+    "FlightRecorderConfig",
+    "FlightRecorderError",
+    "FlightRecorderResult",
+    "Group",
+    "GroupState",
+    "Mismatch",
+    "RankDump",
+    "StuckCollective",
+    "analyze_dumps",
+    "load_dump_dir",
+    "parse_dump",
+]

@@ -1,0 +1,421 @@
+"""What a job's Flight Recorder dumps say: the collectives it is stuck in, the ranks they wait
+for, mismatched ops or sizes, and the parallel group to evict.
+
+Per process group, each dumped rank's entries give the last collective it entered and the last it
+completed.  A group's members come from ``pg_config`` when it lists them (NCCL); gloo's dumps list
+none (measured, torch 2.13), so they are the ranks whose entries name the group, completed with
+the one parallel group of the job's topology that holds them and no other dumped rank (a rank
+without a dump is a member the entries cannot show).  A collective is *stuck* when a rank entered
+it at least ``min_stuck_s`` before its dump and it had not completed; the group's ranks that never
+entered it are *missing*, and a member with no dump at all is a candidate too (its process died
+or is frozen).
+
+Each waiting rank waits *for* the missing ranks of its stuck collective (a rank waiting in none
+whose last collective was with a rank that wrote no dump waits for that rank: gloo retires a
+collective whose peer died with an error): a waits-for graph.  From the missing ranks of the
+stuck collective entered first, the analysis follows the graph to the ranks that wait for nobody
+(computing, loading data, checkpointing, dead, or blocked in an operation the recorder does not
+see -- gloo records no point-to-point operations): ByteRobust's root; of several, the ones most
+waiting ranks reach.  When the graph closes into a cycle instead (a rank that skipped a
+collective ran ahead and waits in the next one for ranks that wait for it), the missing ranks of
+the first stuck collective are the suspects.  When every rank
+entered the first stuck collective and none is missing, the group itself is suspect (a link, or a
+rank failing inside the collective).  Ranks that entered one sequence number of a group with a
+different op or sizes are a mismatch; the ranks in the minority are the suspects.
+
+Pure: dumps in, a :class:`FlightRecorderResult` out.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from detectors.eviction import choose_group, preference_order
+from detectors.flight_recorder.load import Entry, RankDump
+from schemas.topology import JobTopology
+from schemas.typecheck import bounds
+
+_KINDS = ("tp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class FlightRecorderConfig:
+    """Settings of :func:`analyze_dumps`."""
+
+    #: A collective counts as stuck once a rank has waited in it this long before its dump; a
+    #: healthy job's collectives take milliseconds to a second or two, and its dumps, taken a
+    #: little apart, always show some collective in flight with ranks still on their way.
+    min_stuck_s: float = field(default=3.0, metadata=bounds(0.0, 86_400.0))
+    #: Group kinds in eviction order (as the stack analysis): the first kind with one group
+    #: holding every suspect wins.  PP first: ByteRobust's production unit.
+    evict_preference: tuple[str, ...] = ("pp", "tp", "dp")
+    #: A rank with no dump is a candidate suspect (its process is gone or frozen).
+    undumped_ranks_are_suspects: bool = True
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.evict_preference if k not in _KINDS]
+        if not self.evict_preference or bad or len(set(self.evict_preference)) != len(self.evict_preference):
+            raise ValueError(
+                f"evict_preference must list distinct kinds of {_KINDS}, got {self.evict_preference}"
+            )
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """One process group at the dumps: each dumped member's last entered and completed collective."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    last_entered: Mapping[int, int]  # rank -> collective seq (0: none in the buffer)
+    last_completed: Mapping[int, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "desc": self.desc,
+            "ranks": list(self.ranks),
+            "last_entered": {str(r): s for r, s in sorted(self.last_entered.items())},
+            "last_completed": {str(r): s for r, s in sorted(self.last_completed.items())},
+        }
+
+
+@dataclass(frozen=True)
+class StuckCollective:
+    """A collective some ranks entered and none completed, at least ``min_stuck_s`` before their dumps."""
+
+    group: str
+    desc: str
+    members: tuple[int, ...]
+    seq: int
+    op: str
+    entered: tuple[int, ...]
+    waiting: tuple[int, ...]  # entered it, not completed, for at least min_stuck_s
+    missing: tuple[int, ...]  # members that never entered it (dumped)
+    undumped: tuple[int, ...]  # members without a dump
+    waited_s: float  # the longest wait in it before a dump
+    first_entered_ns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "desc": self.desc,
+            "members": list(self.members),
+            "seq": self.seq,
+            "op": self.op,
+            "entered": list(self.entered),
+            "waiting": list(self.waiting),
+            "missing": list(self.missing),
+            "undumped": list(self.undumped),
+            "waited_s": round(self.waited_s, 3),
+        }
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Ranks that entered one sequence number of a group with different ops or sizes."""
+
+    group: str
+    seq: int
+    by_signature: Mapping[str, tuple[int, ...]]  # "op sizes" -> ranks
+
+    def minority(self) -> tuple[int, ...]:
+        biggest = max(self.by_signature.values(), key=len)
+        return tuple(sorted(r for ranks in self.by_signature.values() if ranks is not biggest for r in ranks))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "seq": self.seq,
+            "by_signature": {k: list(v) for k, v in self.by_signature.items()},
+        }
+
+
+@dataclass(frozen=True)
+class FlightRecorderResult:
+    """The verdict (``healthy`` | ``hang`` | ``mismatch``), suspects, the group to evict, evidence."""
+
+    verdict: str
+    reason: str
+    missing_ranks: tuple[int, ...]
+    suspect_ranks: tuple[int, ...]
+    evict_kind: str | None
+    evict_ranks: tuple[int, ...]
+    evict_machines: tuple[int, ...]
+    undumped_ranks: tuple[int, ...]
+    stuck: tuple[StuckCollective, ...] = ()
+    mismatches: tuple[Mismatch, ...] = ()
+    groups: tuple[GroupState, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "missing_ranks": list(self.missing_ranks),
+            "suspect_ranks": list(self.suspect_ranks),
+            "evict": {
+                "kind": self.evict_kind,
+                "ranks": list(self.evict_ranks),
+                "machines": list(self.evict_machines),
+            },
+            "evidence": {
+                "reason": self.reason,
+                "undumped_ranks": list(self.undumped_ranks),
+                "first_stuck": self.stuck[0].to_dict() if self.stuck else None,
+                "stuck": [s.to_dict() for s in self.stuck],
+                "mismatches": [m.to_dict() for m in self.mismatches],
+                "groups": [g.to_dict() for g in self.groups],
+            },
+        }
+
+
+def _members(
+    name: str, seen: set[int], dumps: Mapping[int, RankDump], topology: JobTopology
+) -> tuple[int, ...]:
+    """A group's global ranks: ``pg_config``'s list, else the smallest parallel group (or the whole
+    job) holding every rank seen in it whose other members all lack a dump, else the ranks seen."""
+    for d in dumps.values():
+        g = d.groups.get(name)
+        if g is not None and g.ranks:
+            return g.ranks
+    world = topology.world_size
+    candidates = [tuple(range(world))]
+    candidates += [tuple(g) for kind in ("tp", "dp", "pp") for g in topology.groups(kind)]
+    fits = [g for g in candidates if seen <= set(g) and all(r not in dumps for r in set(g) - seen)]
+    return min(fits, key=len) if fits else tuple(sorted(seen))
+
+
+def _desc(name: str, dumps: Mapping[int, RankDump]) -> str:
+    desc = next((d.groups[name].desc for d in dumps.values() if name in d.groups), "")
+    return "" if desc == "undefined" else desc
+
+
+def _signature(e: Entry) -> str:
+    return f"{e.op} {[list(s) for s in e.input_sizes]}"
+
+
+def analyze_dumps(
+    dumps: Mapping[int, RankDump],
+    topology: JobTopology,
+    dump_ns: Mapping[int, int],
+    config: FlightRecorderConfig | None = None,
+) -> FlightRecorderResult:
+    """Analyse one capture: ``dumps`` by global rank, ``dump_ns`` when each was taken (epoch ns,
+    the clock of the entries' ``time_created_ns``)."""
+    cfg = config or FlightRecorderConfig()
+    world = topology.world_size
+    bad = sorted(r for r in dumps if not 0 <= r < world)
+    if bad:
+        raise ValueError(f"dumps of ranks {bad} outside a {world}-rank job")
+    undumped = tuple(r for r in range(world) if r not in dumps)
+    # rank -> group -> seq -> entry (the latest record of a seq wins)
+    coll: dict[int, dict[str, dict[int, Entry]]] = {r: {} for r in dumps}
+    for rank, d in dumps.items():
+        for e in d.entries:
+            if not e.p2p:
+                coll[rank].setdefault(e.group, {})[e.seq] = e
+    names = sorted({g for per in coll.values() for g in per}, key=lambda n: (len(n), n))
+    groups, stuck, mismatches = [], [], []
+    members_of: dict[str, tuple[int, ...]] = {}
+    for name in names:
+        seen = {r for r in coll if name in coll[r]}
+        members = members_of[name] = _members(name, seen, dumps, topology)
+        dumped = [r for r in members if r in coll]
+        entered = {r: max(coll[r].get(name, {}), default=0) for r in dumped}
+        completed = {
+            r: max((q for q, e in coll[r].get(name, {}).items() if e.completed), default=0) for r in dumped
+        }
+        desc = _desc(name, dumps)
+        groups.append(GroupState(name, desc, members, entered, completed))
+        mismatches += _mismatches(name, dumped, coll)
+        found = _stuck(name, desc, members, dumped, coll, dump_ns, cfg)
+        if found is not None:
+            stuck.append(found)
+    stuck.sort(key=lambda c: c.first_entered_ns)
+    base: dict[str, Any] = {
+        "undumped_ranks": undumped,
+        "stuck": tuple(stuck),
+        "mismatches": tuple(mismatches),
+        "groups": tuple(groups),
+    }
+    if mismatches:
+        m = min(mismatches, key=lambda x: x.seq)
+        reason = f"group {m.group} #{m.seq}: ranks entered it with different ops or sizes: " + "; ".join(
+            f"{k} on {list(v)}" for k, v in m.by_signature.items()
+        )
+        return _result("mismatch", reason, (), m.minority(), topology, cfg, base)
+    if not stuck:
+        reason = f"no collective stuck for {cfg.min_stuck_s:g}s in {len(names)} process group(s)"
+        if undumped:
+            reason += f"; ranks {list(undumped)} wrote no dump"
+        return _result("healthy", reason, (), (), topology, cfg, base)
+    # rank -> the dumpless members of the group of its last collective (none: not listed)
+    last_with_undumped: dict[int, tuple[int, ...]] = {}
+    for rank, d in dumps.items():
+        last = max((e for e in d.entries if not e.p2p), key=lambda e: e.created_ns, default=None)
+        if last is not None:
+            peers = tuple(r for r in members_of[last.group] if r not in dumps)
+            if peers:
+                last_with_undumped[rank] = peers
+    return _hang(stuck, last_with_undumped, topology, cfg, base)
+
+
+def _waits_for(
+    stuck: Sequence[StuckCollective],
+    last_with_undumped: Mapping[int, tuple[int, ...]],
+    cfg: FlightRecorderConfig,
+) -> dict[int, set[int]]:
+    """rank -> the ranks it waits for: the missing (and dumpless) members of the stuck collectives
+    it waits in; a rank waiting in none whose last collective was with ranks that wrote no dump
+    waits for those (its collective failed with a peer that died: gloo retires it with an error)."""
+    edges: dict[int, set[int]] = collections.defaultdict(set)
+    for c in stuck:
+        targets = set(c.missing) | (set(c.undumped) if cfg.undumped_ranks_are_suspects else set())
+        for w in c.waiting:
+            edges[w] |= targets - {w}
+    if cfg.undumped_ranks_are_suspects:
+        waiting = {w for c in stuck for w in c.waiting}
+        for r, peers in last_with_undumped.items():
+            if r not in waiting:
+                edges[r] |= set(peers)
+    return edges
+
+
+def _reachable(edges: Mapping[int, set[int]], starts: Sequence[int]) -> set[int]:
+    seen, todo = set(starts), list(starts)
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _hang(
+    stuck: Sequence[StuckCollective],
+    last_with_undumped: Mapping[int, tuple[int, ...]],
+    topology: JobTopology,
+    cfg: FlightRecorderConfig,
+    base: dict[str, Any],
+) -> FlightRecorderResult:
+    """Follow who waits for whom from the first stuck collective's missing ranks to the ranks that
+    wait for nobody (several: the ones most waiting ranks reach); in a cycle (a rank that skipped a
+    collective ran ahead and now waits in the next one) the first stuck collective's missing ranks
+    are the suspects themselves."""
+    edges = _waits_for(stuck, last_with_undumped, cfg)
+    first = stuck[0]
+    starts = sorted(set(first.missing) | (set(first.undumped) if cfg.undumped_ranks_are_suspects else set()))
+    if not starts:
+        if first.undumped:  # the others wait on ranks that are not to be suspected (config)
+            reason = f"{_name(first)}: ranks {list(first.waiting)} waited {first.waited_s:.1f}s in it, "
+            reason += f"on ranks {list(first.undumped)} that wrote no dump"
+            return _result("hang", reason, (), (), topology, cfg, base)
+        reason = (
+            f"{_name(first)}: every rank entered it and none completed it in {first.waited_s:.1f}s "
+            "(a link, or a rank failing inside the collective)"
+        )
+        return _result("hang", reason, (), first.waiting, topology, cfg, base)
+    roots = sorted(r for r in _reachable(edges, starts) if not edges.get(r))
+    if not roots:
+        reason = (
+            f"{_name(first)}: ranks {list(first.waiting)} waited {first.waited_s:.1f}s in it; {starts} never "
+            "entered it and wait in a later collective for ranks that wait for them (a skipped collective)"
+        )
+        return _result("hang", reason, first.missing, tuple(starts), topology, cfg, base)
+    waiting_on = {r: {w for w in edges if edges[w] and r in _reachable(edges, [w])} for r in roots}
+    most = max(len(v) for v in waiting_on.values())
+    suspects = tuple(r for r in roots if len(waiting_on[r]) == most)
+    if set(suspects) & set(first.missing):
+        how = "never entered it"
+    elif set(suspects) & set(first.undumped):
+        how = "wrote no dump"
+    elif set(suspects) & set(base["undumped_ranks"]):
+        failed = sorted(r for r, peers in last_with_undumped.items() if set(peers) & set(suspects))
+        how = f"wrote no dump, and ranks {failed} stopped after their last collective with them"
+    else:
+        how = f"are waited for by {starts}, which never entered it"
+    reason = (
+        f"{_name(first)}: ranks {list(first.waiting)} waited {first.waited_s:.1f}s in it; "
+        f"{list(suspects)} {how}; they wait for no one ({most} waiting rank(s) wait on them)"
+    )
+    return _result("hang", reason, first.missing, suspects, topology, cfg, base)
+
+
+def _name(c: StuckCollective) -> str:
+    return f"{c.op} #{c.seq} of group {c.desc or c.group} {list(c.members)}"
+
+
+def _stuck(
+    name: str,
+    desc: str,
+    members: Sequence[int],
+    dumped: Sequence[int],
+    coll: Mapping[int, Mapping[str, Mapping[int, Entry]]],
+    dump_ns: Mapping[int, int],
+    cfg: FlightRecorderConfig,
+) -> StuckCollective | None:
+    """The group's lowest collective entered and not completed, waited in for ``min_stuck_s``."""
+    pending: dict[int, list[tuple[int, Entry]]] = collections.defaultdict(list)
+    for r in dumped:
+        for seq, e in coll[r].get(name, {}).items():
+            if not e.completed:
+                pending[seq].append((r, e))
+    for seq in sorted(pending):
+        waits = [((dump_ns[r] - e.created_ns) / 1e9, r) for r, e in pending[seq]]
+        longest = max(w for w, _ in waits)
+        if longest < cfg.min_stuck_s:
+            continue
+        entered = {r for r in dumped if seq in coll[r].get(name, {})}
+        return StuckCollective(
+            group=name,
+            desc=desc,
+            members=tuple(members),
+            seq=seq,
+            op=pending[seq][0][1].op,
+            entered=tuple(sorted(entered)),
+            waiting=tuple(sorted(r for w, r in waits if w >= cfg.min_stuck_s)),
+            missing=tuple(r for r in dumped if max(coll[r].get(name, {}), default=0) < seq),
+            undumped=tuple(r for r in members if r not in coll),
+            waited_s=longest,
+            first_entered_ns=min(e.created_ns for _, e in pending[seq]),
+        )
+    return None
+
+
+def _mismatches(
+    name: str, dumped: Sequence[int], coll: Mapping[int, Mapping[str, Mapping[int, Entry]]]
+) -> list[Mismatch]:
+    """The group's first sequence number entered by several ranks with different ops or sizes."""
+    seqs = sorted({s for r in dumped for s in coll[r].get(name, {})})
+    for seq in seqs:
+        by: dict[str, list[int]] = collections.defaultdict(list)
+        for r in dumped:
+            e = coll[r].get(name, {}).get(seq)
+            if e is not None:
+                by[_signature(e)].append(r)
+        if len(by) > 1:
+            return [
+                Mismatch(name, seq, {k: tuple(v) for k, v in sorted(by.items(), key=lambda kv: -len(kv[1]))})
+            ]
+    return []
+
+
+def _result(
+    verdict: str,
+    reason: str,
+    missing: Sequence[int],
+    suspects: Sequence[int],
+    topology: JobTopology,
+    cfg: FlightRecorderConfig,
+    base: dict[str, Any],
+) -> FlightRecorderResult:
+    kind: str | None = None
+    ranks: tuple[int, ...] = ()
+    if suspects:
+        kind, ranks = choose_group(topology, suspects, preference_order(cfg.evict_preference))
+    machines = tuple(topology.machines_of(list(ranks)))
+    return FlightRecorderResult(
+        verdict, reason, tuple(sorted(missing)), tuple(sorted(suspects)), kind, ranks, machines, **base
+    )

@@ -1,0 +1,203 @@
+"""Reading PyTorch Flight Recorder dumps: one file per rank, in PyTorch's pickle or JSON format.
+
+PyTorch names a rank's dump ``<prefix><rank>`` (the prefix is whatever ``TORCH_FR_DUMP_TEMP_FILE``,
+or for NCCL ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, was set to); :func:`load_dump_dir` reads such a
+directory, one prefix per directory.  A dump holds ``version``, ``pg_config`` (each process
+group's name, description and global ranks) and ``entries``: the rank's last collectives and
+point-to-point operations, each with its group, sequence id, op, sizes and state.
+
+What the gloo backend of torch 2.13 records (measured on its own dumps, ``scripts/capture_fr_fixtures.py``):
+every collective, in state ``scheduled`` for good and ``retired`` once done (so ``retired`` counts
+as completed here); no point-to-point operations; a ``pg_config`` without the groups' ranks
+(the analysis infers them, see :mod:`detectors.flight_recorder.analysis`).
+
+A pickle is code: it is read with an unpickler that builds plain containers and scalars only and
+refuses any class or function a file names (:class:`FlightRecorderError`), so a dump from an
+untrusted node cannot run anything here.  File reading only: no network, no subprocesses.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import pickle
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class FlightRecorderError(ValueError):
+    """A file that is not a Flight Recorder dump we can read (named in the message)."""
+
+
+#: Dump versions read here: PyTorch 2.x writes "2.<minor>".
+SUPPORTED_MAJOR = "2"
+#: Entry states, in the order a collective passes through them.
+STATES = ("scheduled", "started", "completed")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None; nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise FlightRecorderError(f"the pickle names {module}.{name}: only plain data is read from a dump")
+
+
+def _unpickle(data: bytes) -> Any:
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A process group as the dump's ``pg_config`` names it."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]  # global ranks; () when the dump does not list them
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One collective or point-to-point operation one rank recorded."""
+
+    record_id: int
+    group: str  # the process group's name (a key of pg_config)
+    seq: int  # collective_seq_id (collectives) or p2p_seq_id (point-to-point)
+    p2p: bool
+    op: str  # profiling_name, e.g. "gloo:all_reduce"
+    state: str  # one of STATES
+    input_sizes: tuple[tuple[int, ...], ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    created_ns: int
+    completed_ns: int | None
+    frames: tuple[str, ...] = ()  # innermost first: "function (file:line)"
+    retired: bool = False  # gone from the process group's list of work in flight
+
+    @property
+    def completed(self) -> bool:
+        # gloo never moves an entry past "scheduled" (measured, torch 2.13): it only retires it.
+        return self.state == "completed" or self.retired
+
+
+@dataclass(frozen=True, slots=True)
+class RankDump:
+    """One rank's dump."""
+
+    rank: int
+    version: str
+    groups: Mapping[str, Group]
+    entries: tuple[Entry, ...]  # in record order
+    source: str  # the file it came from
+
+
+_TRAILING_RANK = re.compile(r"^(.*?)(\d+)$")
+
+
+def _ranks(value: Any) -> tuple[int, ...]:
+    """pg_config ranks: a list, or its string form ("[0, 1]"), or "all"/"" when not listed."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.startswith("["):
+            return ()
+        value = ast.literal_eval(text)
+    if not isinstance(value, list | tuple) or not all(isinstance(r, int) for r in value):
+        raise FlightRecorderError(f"pg_config ranks {value!r} is not a list of ranks")
+    return tuple(int(r) for r in value)
+
+
+def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(tuple(int(d) for d in s) for s in value if isinstance(s, list | tuple))
+
+
+def _frames(value: Any, keep: int) -> tuple[str, ...]:
+    out = []
+    for f in value if isinstance(value, list) else []:
+        if isinstance(f, dict):
+            out.append(f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})")
+        if len(out) >= keep:
+            break
+    return tuple(out)
+
+
+def _entry(raw: Any, frames: int) -> Entry:
+    if not isinstance(raw, dict):
+        raise FlightRecorderError(f"an entry is a {type(raw).__name__}, not a mapping")
+    pg = raw.get("process_group")
+    group = str(pg[0]) if isinstance(pg, list | tuple) and pg else str(raw.get("pg_id", ""))
+    p2p = bool(raw.get("is_p2p", False)) or int(raw.get("collective_seq_id") or 0) == 0
+    state = str(raw.get("state", ""))
+    if state not in STATES:
+        raise FlightRecorderError(f"entry state {state!r} is not one of {STATES}")
+    completed = raw.get("time_discovered_completed_ns")
+    return Entry(
+        record_id=int(raw.get("record_id", 0)),
+        group=group,
+        seq=int(raw.get("p2p_seq_id" if p2p else "collective_seq_id") or 0),
+        p2p=p2p,
+        op=str(raw.get("profiling_name", "")),
+        state=state,
+        input_sizes=_sizes(raw.get("input_sizes")),
+        output_sizes=_sizes(raw.get("output_sizes")),
+        created_ns=int(raw.get("time_created_ns") or 0),
+        completed_ns=int(completed) if isinstance(completed, int) and completed else None,
+        frames=_frames(raw.get("frames"), frames),
+        retired=bool(raw.get("retired", False)),
+    )
+
+
+def parse_dump(data: bytes, rank: int, source: str = "<bytes>", frames: int = 8) -> RankDump:
+    """A dump's bytes (pickle or JSON, told apart by content) -> :class:`RankDump`."""
+    text = data.lstrip()[:1]
+    try:
+        doc = json.loads(data) if text in (b"{", b"[") else _unpickle(data)
+    except FlightRecorderError as exc:
+        raise FlightRecorderError(f"{source}: {exc}") from None
+    except (ValueError, pickle.UnpicklingError, EOFError, IndexError, KeyError, TypeError) as exc:
+        raise FlightRecorderError(
+            f"{source}: not a Flight Recorder dump ({type(exc).__name__}: {exc})"
+        ) from None
+    if not isinstance(doc, dict) or "entries" not in doc:
+        raise FlightRecorderError(f"{source}: not a Flight Recorder dump (no entries)")
+    version = str(doc.get("version", ""))
+    if version.split(".")[0] != SUPPORTED_MAJOR:
+        raise FlightRecorderError(f"{source}: dump version {version!r} not supported (2.x is)")
+    try:
+        groups = {
+            str(name): Group(str(name), str(cfg.get("desc", "")), _ranks(cfg.get("ranks", "")))
+            for name, cfg in (doc.get("pg_config") or {}).items()
+            if isinstance(cfg, dict)
+        }
+        entries = tuple(_entry(e, frames) for e in doc["entries"] or [])
+    except (ValueError, SyntaxError, TypeError) as exc:
+        raise FlightRecorderError(f"{source}: malformed dump ({type(exc).__name__}: {exc})") from None
+    return RankDump(rank, version, groups, entries, source)
+
+
+def load_dump_dir(
+    directory: Path, prefix: str | None = None, max_bytes: int = 512 << 20
+) -> dict[int, RankDump]:
+    """Every ``<prefix><rank>`` file of ``directory`` (the prefix inferred when every dump-like
+    file shares one), by rank.  Other files (a manifest, hidden files) are left alone."""
+    files = [p for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(".")]
+    named: dict[str, dict[int, Path]] = {}
+    for p in files:
+        m = _TRAILING_RANK.match(p.name)
+        if m and (prefix is None or m.group(1) == prefix):
+            named.setdefault(m.group(1), {})[int(m.group(2))] = p
+    if not named:
+        raise FlightRecorderError(f"{directory}: no dump files (<prefix><rank>)")
+    if len(named) > 1:
+        raise FlightRecorderError(
+            f"{directory}: dumps with different prefixes {sorted(named)}: name one with --prefix"
+        )
+    out = {}
+    for rank, path in sorted(next(iter(named.values())).items()):
+        if path.stat().st_size > max_bytes:
+            raise FlightRecorderError(f"{path}: {path.stat().st_size} bytes, over the {max_bytes}-byte limit")
+        out[rank] = parse_dump(path.read_bytes(), rank, str(path))
+    return out

@@ -1,0 +1,112 @@
+"""Reading Flight Recorder dumps: both formats, the restricted unpickler, names and bad files."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from detectors.flight_recorder import FlightRecorderError, load_dump_dir, parse_dump
+
+
+def _entry(seq: int, state: str = "completed", **kw: object) -> dict[str, object]:
+    e: dict[str, object] = {
+        "record_id": seq,
+        "pg_id": 1,
+        "process_group": ["1", "tp"],
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": "gloo:all_reduce",
+        "time_created_ns": 1_000 + seq,
+        "input_sizes": [[4, 4]],
+        "output_sizes": [[4, 4]],
+        "state": state,
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": 2_000 + seq if state == "completed" else None,
+        "retired": state == "completed",
+        "is_p2p": False,
+        "frames": [{"name": "all_reduce", "filename": "distributed_c10d.py", "line": 3000}],
+    }
+    e.update(kw)
+    return e
+
+
+def _dump(entries: list[dict[str, object]], version: str = "2.10") -> dict[str, object]:
+    return {
+        "version": version,
+        "pg_config": {
+            "0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"},
+            "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"},
+        },
+        "pg_status": {},
+        "entries": entries,
+    }
+
+
+def test_pickle_and_json_read_the_same() -> None:
+    doc = _dump([_entry(1), _entry(2, "scheduled")])
+    a = parse_dump(pickle.dumps(doc), 0, "p")
+    b = parse_dump(json.dumps(doc).encode(), 0, "j")
+    assert a.entries == b.entries and a.groups == b.groups
+    assert a.groups["1"].ranks == (0, 1) and a.groups["1"].desc == "tp"
+    assert [(e.seq, e.completed, e.group) for e in a.entries] == [(1, True, "1"), (2, False, "1")]
+    assert a.entries[0].frames == ("all_reduce (distributed_c10d.py:3000)",)
+
+
+def test_p2p_entries_use_their_own_sequence() -> None:
+    e = parse_dump(pickle.dumps(_dump([_entry(0, p2p_seq_id=7, is_p2p=True, profiling_name="gloo:recv")])), 0)
+    assert e.entries[0].p2p and e.entries[0].seq == 7
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("echo pwned",))
+
+
+def test_a_pickle_naming_code_is_refused() -> None:
+    with pytest.raises(FlightRecorderError, match="only plain data"):
+        parse_dump(pickle.dumps({"entries": [_Boom()], "version": "2.10"}), 0, "evil")
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"", "not a Flight Recorder dump"),
+        (b"garbage\x00\x01", "not a Flight Recorder dump"),
+        (json.dumps({"version": "2.10"}).encode(), "no entries"),
+        (json.dumps(_dump([], version="1.5")).encode(), "version '1.5' not supported"),
+        (json.dumps(_dump([_entry(1, "weird")])).encode(), "state 'weird'"),
+        (
+            json.dumps({**_dump([]), "pg_config": {"0": {"ranks": "[0, 'x']"}}}).encode(),
+            "not a list of ranks",
+        ),
+    ],
+)
+def test_bad_dumps_are_named_errors(data: bytes, match: str) -> None:
+    with pytest.raises(FlightRecorderError, match=match):
+        parse_dump(data, 0, "f")
+
+
+def test_a_directory_is_read_by_rank_with_the_prefix_inferred(tmp_path: Path) -> None:
+    for r in (0, 1, 10):
+        (tmp_path / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(_dump([_entry(1)])))
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / ".nccl_trace_rank_3.tmp").write_text("partial")
+    assert sorted(load_dump_dir(tmp_path)) == [0, 1, 10]
+
+
+def test_two_prefixes_need_one_named(tmp_path: Path) -> None:
+    (tmp_path / "a_0").write_bytes(pickle.dumps(_dump([])))
+    (tmp_path / "b_0").write_bytes(pickle.dumps(_dump([])))
+    with pytest.raises(FlightRecorderError, match="different prefixes"):
+        load_dump_dir(tmp_path)
+    assert list(load_dump_dir(tmp_path, prefix="b_")) == [0]
+
+
+def test_an_empty_directory_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FlightRecorderError, match="no dump files"):
+        load_dump_dir(tmp_path)
