@@ -23,7 +23,7 @@ from detectors.flight_recorder import (
     load_dump_dir,
 )
 from schemas.config import ConfigError, load_config, load_yaml_file
-from schemas.topology import JobTopology
+from trainguard.commands.topology_options import JobShape, topology_options
 
 ENV_PREFIX = "TRAINGUARD_FR"
 
@@ -35,11 +35,7 @@ def fr() -> None:
 
 @fr.command("analyze")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--tp", type=click.IntRange(min=1), required=True, help="Tensor-parallel size.")
-@click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline-parallel size.")
-@click.option("--dp", type=click.IntRange(min=1), required=True, help="Data-parallel size.")
-@click.option("--ranks-per-machine", type=click.IntRange(min=1), required=True, help="Ranks on each machine.")
-@click.option("--order", default="tp-dp-pp", show_default=True, help="Rank order, fastest dimension first.")
+@topology_options
 @click.option("--prefix", help="File name prefix before the rank (default: inferred).")
 @click.option(
     "--dumped-at",
@@ -55,11 +51,7 @@ def fr() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def analyze(
     directory: Path,
-    tp: int,
-    pp: int,
-    dp: int,
-    ranks_per_machine: int,
-    order: str,
+    shape: JobShape,
     prefix: str | None,
     dumped_at: float | None,
     config_path: Path | None,
@@ -70,9 +62,7 @@ def analyze(
         config = load_config(
             FlightRecorderConfig, load_yaml_file(config_path) if config_path else {}, env_prefix=ENV_PREFIX
         )
-        topology = JobTopology(
-            job=directory.name, tp=tp, pp=pp, dp=dp, ranks_per_machine=ranks_per_machine, order=order
-        )
+        topology = shape.topology(directory.name)
         dumps = load_dump_dir(directory, prefix)
         if dumped_at is not None:
             dump_ns = {r: int(dumped_at * 1e9) for r in dumps}

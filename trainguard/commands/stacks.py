@@ -16,7 +16,7 @@ from detectors.stacks import OverEvictionClassifier, OverEvictionConfig, StackPa
 from detectors.stacks.classifier import MODES
 from detectors.stacks.result import OverEvictionResult
 from schemas.config import ConfigError, load_config, load_yaml_file
-from schemas.topology import JobTopology
+from trainguard.commands.topology_options import JobShape, topology_options
 
 ENV_PREFIX = "TRAINGUARD_STACKS"
 
@@ -28,11 +28,7 @@ def stacks() -> None:
 
 @stacks.command("analyze")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--tp", type=click.IntRange(min=1), required=True, help="Tensor-parallel size.")
-@click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline-parallel size.")
-@click.option("--dp", type=click.IntRange(min=1), required=True, help="Data-parallel size.")
-@click.option("--ranks-per-machine", type=click.IntRange(min=1), required=True, help="Ranks on each machine.")
-@click.option("--order", default="tp-dp-pp", show_default=True, help="Rank order, fastest dimension first.")
+@topology_options
 @click.option(
     "--mode",
     type=click.Choice(MODES),
@@ -49,11 +45,7 @@ def stacks() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def analyze(
     directory: Path,
-    tp: int,
-    pp: int,
-    dp: int,
-    ranks_per_machine: int,
-    order: str,
+    shape: JobShape,
     mode: str,
     config_path: Path | None,
     as_json: bool,
@@ -67,9 +59,7 @@ def analyze(
         config = load_config(
             OverEvictionConfig, load_yaml_file(config_path) if config_path else {}, env_prefix=ENV_PREFIX
         )
-        topology = JobTopology(
-            job=directory.name, tp=tp, pp=pp, dp=dp, ranks_per_machine=ranks_per_machine, order=order
-        )
+        topology = shape.topology(directory.name)
         rounds = load_dump_dir(directory, prefer=config.prefer_format)
         result = OverEvictionClassifier(topology, config).analyze(rounds, mode=mode)
     except (StackParseError, ConfigError, ValueError) as exc:
