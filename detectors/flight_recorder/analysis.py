@@ -35,7 +35,7 @@ from typing import Any
 
 from detectors.eviction import choose_group, preference_order
 from detectors.flight_recorder.load import Entry, RankDump
-from schemas.topology import JobTopology
+from schemas.topology import DIMS, JobTopology
 from schemas.typecheck import bounds
 
 _KINDS = ("tp", "dp", "pp")
@@ -123,6 +123,10 @@ class Mismatch:
     by_signature: Mapping[str, tuple[int, ...]]  # "op sizes" -> ranks
 
     def minority(self) -> tuple[int, ...]:
+        """The ranks outside the one largest signature (every rank when the largest is tied)."""
+        sizes = sorted((len(v) for v in self.by_signature.values()), reverse=True)
+        if len(sizes) > 1 and sizes[0] == sizes[1]:
+            return tuple(sorted(r for ranks in self.by_signature.values() for r in ranks))
         biggest = max(self.by_signature.values(), key=len)
         return tuple(sorted(r for ranks in self.by_signature.values() if ranks is not biggest for r in ranks))
 
@@ -174,16 +178,20 @@ class FlightRecorderResult:
 def _members(
     name: str, seen: set[int], dumps: Mapping[int, RankDump], topology: JobTopology
 ) -> tuple[int, ...]:
-    """A group's global ranks: ``pg_config``'s list, else the smallest parallel group (or the whole
-    job) holding every rank seen in it whose other members all lack a dump, else the ranks seen."""
+    """A group's global ranks: ``pg_config``'s list; else the smallest parallel group (of a
+    dimension larger than 1, or the whole job) holding every rank seen in it -- for one rank seen,
+    the one whose other members all lack a dump (the entries cannot show them); else the ranks seen."""
     for d in dumps.values():
         g = d.groups.get(name)
         if g is not None and g.ranks:
             return g.ranks
-    world = topology.world_size
-    candidates = [tuple(range(world))]
-    candidates += [tuple(g) for kind in ("tp", "dp", "pp") for g in topology.groups(kind)]
-    fits = [g for g in candidates if seen <= set(g) and all(r not in dumps for r in set(g) - seen)]
+    candidates = [tuple(range(topology.world_size))]
+    for kind in DIMS:
+        if topology.size(kind) > 1:
+            candidates += [tuple(g) for g in topology.groups(kind)]
+    fits = [g for g in candidates if seen <= set(g)]
+    if len(seen) == 1:  # any of the rank's groups holds it: only one whose peers wrote no dump fits
+        fits = [g for g in fits if all(r not in dumps for r in set(g) - seen)]
     return min(fits, key=len) if fits else tuple(sorted(seen))
 
 
@@ -192,7 +200,13 @@ def _desc(name: str, dumps: Mapping[int, RankDump]) -> str:
     return "" if desc == "undefined" else desc
 
 
+#: Ops whose sizes differ from rank to rank by design (PyTorch's own matcher skips them too).
+_UNEVEN = ("all_to_all", "alltoall", "scatter", "gather")
+
+
 def _signature(e: Entry) -> str:
+    if any(k in e.op for k in _UNEVEN):
+        return e.op
     return f"{e.op} {[list(s) for s in e.input_sizes]}"
 
 
@@ -209,6 +223,13 @@ def analyze_dumps(
     bad = sorted(r for r in dumps if not 0 <= r < world)
     if bad:
         raise ValueError(f"dumps of ranks {bad} outside a {world}-rank job")
+    untimed = sorted(set(dumps) - set(dump_ns))
+    if untimed:
+        raise ValueError(f"no dump time for ranks {untimed}")
+    for d in dumps.values():
+        for g in d.groups.values():
+            if any(r >= world for r in g.ranks):
+                raise ValueError(f"{d.source}: group {g.name} lists ranks outside a {world}-rank job")
     undumped = tuple(r for r in range(world) if r not in dumps)
     # rank -> group -> seq -> entry (the latest record of a seq wins)
     coll: dict[int, dict[str, dict[int, Entry]]] = {r: {} for r in dumps}
@@ -324,7 +345,11 @@ def _hang(
             "entered it and wait in a later collective for ranks that wait for them (a skipped collective)"
         )
         return _result("hang", reason, first.missing, tuple(starts), topology, cfg, base)
-    waiting_on = {r: {w for w in edges if edges[w] and r in _reachable(edges, [w])} for r in roots}
+    waited_by: dict[int, set[int]] = collections.defaultdict(set)  # the graph reversed
+    for w, targets in edges.items():
+        for t in targets:
+            waited_by[t].add(w)
+    waiting_on = {r: _reachable(waited_by, [r]) - {r} for r in roots}
     most = max(len(v) for v in waiting_on.values())
     suspects = tuple(r for r in roots if len(waiting_on[r]) == most)
     if set(suspects) & set(first.missing):

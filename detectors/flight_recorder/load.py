@@ -37,6 +37,11 @@ class FlightRecorderError(ValueError):
 SUPPORTED_MAJOR = "2"
 #: Entry states, in the order a collective passes through them.
 STATES = ("scheduled", "started", "completed")
+#: Bounds on what one dump may hold (a recorder's ring buffer is 2,000 entries by default): a
+#: pickle's memo can make a few KB reference one list millions of times.
+MAX_ENTRIES = 200_000
+MAX_TENSORS = 64  # sizes kept per entry
+MAX_DIMS = 16
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -103,15 +108,20 @@ def _ranks(value: Any) -> tuple[int, ...]:
         if not text.startswith("["):
             return ()
         value = ast.literal_eval(text)
-    if not isinstance(value, list | tuple) or not all(isinstance(r, int) for r in value):
+    if not isinstance(value, list | tuple) or not all(type(r) is int and r >= 0 for r in value):
         raise FlightRecorderError(f"pg_config ranks {value!r} is not a list of ranks")
     return tuple(int(r) for r in value)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
     if not isinstance(value, list | tuple):
         return ()
-    return tuple(tuple(int(d) for d in s) for s in value if isinstance(s, list | tuple))
+    kept = [s for s in value[:MAX_TENSORS] if isinstance(s, list | tuple)]
+    return tuple(tuple(int(d) for d in s[:MAX_DIMS]) for s in kept)
 
 
 def _frames(value: Any, keep: int) -> tuple[str, ...]:
@@ -128,9 +138,9 @@ def _entry(raw: Any, frames: int) -> Entry:
     if not isinstance(raw, dict):
         raise FlightRecorderError(f"an entry is a {type(raw).__name__}, not a mapping")
     pg = raw.get("process_group")
-    group = str(pg[0]) if isinstance(pg, list | tuple) and pg else str(raw.get("pg_id", ""))
-    p2p = bool(raw.get("is_p2p", False)) or int(raw.get("collective_seq_id") or 0) == 0
-    state = str(raw.get("state", ""))
+    group = _text(pg[0]) if isinstance(pg, list | tuple) and pg else str(raw.get("pg_id", ""))
+    p2p = raw.get("is_p2p") is True or int(raw.get("collective_seq_id") or 0) == 0
+    state = _text(raw.get("state"))
     if state not in STATES:
         raise FlightRecorderError(f"entry state {state!r} is not one of {STATES}")
     completed = raw.get("time_discovered_completed_ns")
@@ -139,14 +149,14 @@ def _entry(raw: Any, frames: int) -> Entry:
         group=group,
         seq=int(raw.get("p2p_seq_id" if p2p else "collective_seq_id") or 0),
         p2p=p2p,
-        op=str(raw.get("profiling_name", "")),
+        op=_text(raw.get("profiling_name")),
         state=state,
         input_sizes=_sizes(raw.get("input_sizes")),
         output_sizes=_sizes(raw.get("output_sizes")),
         created_ns=int(raw.get("time_created_ns") or 0),
         completed_ns=int(completed) if isinstance(completed, int) and completed else None,
         frames=_frames(raw.get("frames"), frames),
-        retired=bool(raw.get("retired", False)),
+        retired=raw.get("retired") is True,
     )
 
 
@@ -157,7 +167,8 @@ def parse_dump(data: bytes, rank: int, source: str = "<bytes>", frames: int = 8)
         doc = json.loads(data) if text in (b"{", b"[") else _unpickle(data)
     except FlightRecorderError as exc:
         raise FlightRecorderError(f"{source}: {exc}") from None
-    except (ValueError, pickle.UnpicklingError, EOFError, IndexError, KeyError, TypeError) as exc:
+    except (ValueError, pickle.UnpicklingError, EOFError, IndexError, KeyError, TypeError, AttributeError,
+            OverflowError, RecursionError, MemoryError) as exc:  # fmt: skip
         raise FlightRecorderError(
             f"{source}: not a Flight Recorder dump ({type(exc).__name__}: {exc})"
         ) from None
@@ -166,14 +177,20 @@ def parse_dump(data: bytes, rank: int, source: str = "<bytes>", frames: int = 8)
     version = str(doc.get("version", ""))
     if version.split(".")[0] != SUPPORTED_MAJOR:
         raise FlightRecorderError(f"{source}: dump version {version!r} not supported (2.x is)")
+    config, raw_entries = doc.get("pg_config") or {}, doc["entries"] or []
+    if not isinstance(config, dict) or not isinstance(raw_entries, list):
+        raise FlightRecorderError(f"{source}: pg_config must be a mapping and entries a list")
+    if len(raw_entries) > MAX_ENTRIES:
+        n = len(raw_entries)
+        raise FlightRecorderError(f"{source}: {n} entries, more than a dump holds ({MAX_ENTRIES})")
     try:
         groups = {
-            str(name): Group(str(name), str(cfg.get("desc", "")), _ranks(cfg.get("ranks", "")))
-            for name, cfg in (doc.get("pg_config") or {}).items()
+            str(name): Group(str(name), _text(cfg.get("desc")), _ranks(cfg.get("ranks", "")))
+            for name, cfg in config.items()
             if isinstance(cfg, dict)
         }
-        entries = tuple(_entry(e, frames) for e in doc["entries"] or [])
-    except (ValueError, SyntaxError, TypeError) as exc:
+        entries = tuple(_entry(e, frames) for e in raw_entries)
+    except (ValueError, SyntaxError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise FlightRecorderError(f"{source}: malformed dump ({type(exc).__name__}: {exc})") from None
     return RankDump(rank, version, groups, entries, source)
 
@@ -186,9 +203,18 @@ def load_dump_dir(
     files = [p for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(".")]
     named: dict[str, dict[int, Path]] = {}
     for p in files:
-        m = _TRAILING_RANK.match(p.name)
-        if m and (prefix is None or m.group(1) == prefix):
-            named.setdefault(m.group(1), {})[int(m.group(2))] = p
+        if prefix is not None:  # given: the rest of the name is the rank (a prefix may end in a digit)
+            rest = p.name[len(prefix) :] if p.name.startswith(prefix) else ""
+            key, rank_text = (prefix, rest) if rest.isdigit() else ("", "")
+        else:
+            m = _TRAILING_RANK.match(p.name)
+            key, rank_text = (m.group(1), m.group(2)) if m else ("", "")
+        if not rank_text:
+            continue
+        ranks, rank = named.setdefault(key, {}), int(rank_text)
+        if rank in ranks:
+            raise FlightRecorderError(f"{directory}: two dumps of rank {rank}: {ranks[rank].name}, {p.name}")
+        ranks[rank] = p
     if not named:
         raise FlightRecorderError(f"{directory}: no dump files (<prefix><rank>)")
     if len(named) > 1:

@@ -117,3 +117,39 @@ def test_a_rank_whose_last_collective_was_with_a_dead_rank_waits_for_it() -> Non
     out = analyze({0: [e("tp0", 4, age_s=40)], 2: [e("pp0", 3, "scheduled", age_s=30)], 3: [e("tp1", 2)]})
     assert out["suspect_ranks"] == [1]
     assert "stopped after their last collective with them" in out["evidence"]["reason"]
+
+
+GLOO = {"": Group("", "", ())}  # what gloo writes: no group lists its ranks
+
+
+def _gloo(per_rank: dict[int, list[Entry]], topo: JobTopology) -> dict[str, object]:
+    d = {r: RankDump(r, "2.10", GLOO, tuple(es), f"rank{r}") for r, es in per_rank.items()}
+    return analyze_dumps(d, topo, {r: NOW for r in d}).to_dict()
+
+
+def test_membership_is_inferred_from_the_topology_and_skips_size_one_dimensions() -> None:
+    # tp2 pp2 dp1, gloo-style: group "A" is rank 0 and 1's TP group; rank 1 wrote no dump.
+    topo = JobTopology(job="j", tp=2, pp=2, dp=1, ranks_per_machine=2)
+    out = _gloo({0: [e("A", 1, "scheduled", age_s=30)], 2: [e("B", 1)], 3: [e("B", 1)]}, topo)
+    assert out["suspect_ranks"] == [1] and out["evict"]["kind"] == "pp"
+
+
+def test_a_dumped_member_without_entries_in_the_group_is_missing_from_it() -> None:
+    # Group "A" is the DP group of ranks 0, 2, 4 and 6 in a tp2 pp1 dp4 job; 0, 2 and 4 are seen in it.
+    topo = JobTopology(job="j", tp=2, pp=1, dp=4, ranks_per_machine=2)
+    per = {r: [e("T", 1)] for r in range(8)}
+    for r in (0, 2, 4):
+        per[r] = per[r] + [e("A", 1, "scheduled", age_s=30)]
+    out = _gloo(per, topo)  # rank 6 hung before its first collective in "A"
+    assert out["suspect_ranks"] == [6] and out["missing_ranks"] == [6]
+
+
+def test_uneven_all_to_all_sizes_are_not_a_mismatch() -> None:
+    out = analyze({r: [e("0", 3, op="gloo:all_to_all", sizes=(r + 1, 4))] for r in range(4)})
+    assert out["verdict"] == "healthy"
+
+
+def test_a_tied_mismatch_suspects_every_rank_in_it() -> None:
+    out = analyze({0: [e("0", 7, sizes=(4, 4))], 1: [e("0", 7, sizes=(4, 4))],
+                   2: [e("0", 7, sizes=(5, 4))], 3: [e("0", 7, sizes=(5, 4))]})  # fmt: skip
+    assert out["verdict"] == "mismatch" and out["suspect_ranks"] == [0, 1, 2, 3]

@@ -110,3 +110,47 @@ def test_two_prefixes_need_one_named(tmp_path: Path) -> None:
 def test_an_empty_directory_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(FlightRecorderError, match="no dump files"):
         load_dump_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94.",  # STACK_GLOBAL
+        b"cos\nsystem\n(S'echo pwned'\ntR.",  # GLOBAL + REDUCE (protocol 0)
+        b"\x80\x02\x82\x01.",  # EXT1: an extension registry code
+    ],
+)
+def test_every_way_a_pickle_names_code_is_refused(data: bytes) -> None:
+    with pytest.raises(FlightRecorderError):
+        parse_dump(data, 0, "evil")
+
+
+def test_a_pickle_that_builds_on_a_dict_is_an_error_not_a_crash() -> None:
+    with pytest.raises(FlightRecorderError, match="not a Flight Recorder dump"):
+        parse_dump(b"\x80\x04}\x94}\x94b.", 0, "f")
+
+
+def test_a_memo_bomb_is_cut_down() -> None:
+    sizes = list(range(3000))
+    doc = _dump([_entry(1, input_sizes=[sizes] * 3000)])
+    entry = parse_dump(pickle.dumps(doc), 0).entries[0]
+    assert len(entry.input_sizes) == 64 and len(entry.input_sizes[0]) == 16
+
+
+@pytest.mark.parametrize("bad", [[1], "x"])
+def test_a_pg_config_that_is_not_a_mapping_is_an_error(bad: object) -> None:
+    with pytest.raises(FlightRecorderError, match="pg_config must be a mapping"):
+        parse_dump(json.dumps({**_dump([]), "pg_config": bad}).encode(), 0, "f")
+
+
+def test_two_files_of_one_rank_are_an_error(tmp_path: Path) -> None:
+    for name in ("rank_01", "rank_1"):
+        (tmp_path / name).write_bytes(pickle.dumps(_dump([])))
+    with pytest.raises(FlightRecorderError, match="two dumps of rank 1"):
+        load_dump_dir(tmp_path)
+
+
+def test_a_given_prefix_may_end_in_a_digit(tmp_path: Path) -> None:
+    for r in (0, 12):
+        (tmp_path / f"trace2{r}").write_bytes(pickle.dumps(_dump([])))
+    assert sorted(load_dump_dir(tmp_path, prefix="trace2")) == [0, 12]
