@@ -3,12 +3,12 @@ for, mismatched ops or sizes, and the parallel group to evict.
 
 Per process group, each dumped rank's entries give the last collective it entered and the last it
 completed.  A group's members come from ``pg_config`` when it lists them (NCCL); gloo's dumps list
-none (measured, torch 2.13), so they are the ranks whose entries name the group, completed with
-the one parallel group of the job's topology that holds them and no other dumped rank (a rank
-without a dump is a member the entries cannot show).  A collective is *stuck* when a rank entered
-it at least ``min_stuck_s`` before its dump and it had not completed; the group's ranks that never
-entered it are *missing*, and a member with no dump at all is a candidate too (its process died
-or is frozen).
+none (measured, torch 2.13), so they are the smallest parallel group of the job's topology
+holding every rank whose entries name the group (for a group seen on one rank only: the one
+whose other members wrote no dump, since the entries cannot show them).  A collective is
+*stuck* when a rank entered it at least ``min_stuck_s`` before its dump and it had not
+completed; the group's ranks that never entered it are *missing*, and a member with no dump at
+all is a candidate too (its process died or is frozen).
 
 Each waiting rank waits *for* the missing ranks of its stuck collective (a rank waiting in none
 whose last collective was with a rank that wrote no dump waits for that rank: gloo retires a
