@@ -19,6 +19,15 @@ from collections.abc import Sequence
 from schemas.topology import DIMS, Dim, JobTopology
 
 
+def check_preference(names: Sequence[str]) -> None:
+    """ValueError unless ``names`` lists distinct group kinds (a config's ``evict_preference``)."""
+    if not names or len(set(names)) != len(names):
+        raise ValueError("evict_preference must list distinct kinds")
+    bad = [k for k in names if k not in DIMS]
+    if bad:
+        raise ValueError(f"evict_preference: unknown kind(s) {bad}; use tp, dp, pp")
+
+
 def preference_order(names: Sequence[str]) -> list[Dim]:
     """The configured kinds as :data:`Dim` values, in the configured order (others dropped)."""
     return sorted((k for k in DIMS if k in names), key=list(names).index)

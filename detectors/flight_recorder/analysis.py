@@ -33,12 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.eviction import choose_group, preference_order
+from detectors.eviction import check_preference, choose_group, preference_order
 from detectors.flight_recorder.load import Entry, RankDump
 from schemas.topology import DIMS, JobTopology
 from schemas.typecheck import bounds
-
-_KINDS = ("tp", "dp", "pp")
 
 
 @dataclass(frozen=True)
@@ -56,11 +54,7 @@ class FlightRecorderConfig:
     undumped_ranks_are_suspects: bool = True
 
     def __post_init__(self) -> None:
-        bad = [k for k in self.evict_preference if k not in _KINDS]
-        if not self.evict_preference or bad or len(set(self.evict_preference)) != len(self.evict_preference):
-            raise ValueError(
-                f"evict_preference must list distinct kinds of {_KINDS}, got {self.evict_preference}"
-            )
+        check_preference(self.evict_preference)
 
 
 @dataclass(frozen=True)

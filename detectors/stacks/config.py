@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from detectors.eviction import check_preference
 from schemas.typecheck import bounds
-
-_KINDS = ("tp", "dp", "pp")
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,6 @@ class OverEvictionConfig:
     prefer_format: str = "json"
 
     def __post_init__(self) -> None:
-        if not self.evict_preference or len(set(self.evict_preference)) != len(self.evict_preference):
-            raise ValueError("evict_preference must list distinct kinds")
-        bad = [k for k in self.evict_preference if k not in _KINDS]
-        if bad:
-            raise ValueError(f"evict_preference: unknown kind(s) {bad}; use tp, dp, pp")
+        check_preference(self.evict_preference)
         if self.prefer_format not in ("json", "txt"):
             raise ValueError("prefer_format must be 'json' or 'txt'")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from detectors.flight_recorder import Entry, FlightRecorderConfig, Group, RankDump, analyze_dumps
 from schemas.topology import JobTopology
 
@@ -153,3 +155,8 @@ def test_a_tied_mismatch_suspects_every_rank_in_it() -> None:
     out = analyze({0: [e("0", 7, sizes=(4, 4))], 1: [e("0", 7, sizes=(4, 4))],
                    2: [e("0", 7, sizes=(5, 4))], 3: [e("0", 7, sizes=(5, 4))]})  # fmt: skip
     assert out["verdict"] == "mismatch" and out["suspect_ranks"] == [0, 1, 2, 3]
+
+
+def test_the_eviction_preference_is_checked_like_the_stack_analysis() -> None:
+    with pytest.raises(ValueError, match="unknown kind"):
+        FlightRecorderConfig(evict_preference=("pp", "ep"))
