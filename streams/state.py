@@ -32,11 +32,12 @@ have without a changelog.  The changelog topics are compacted; ``trainguard work
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import zlib
 from typing import Any
+
+import orjson
 
 from detectors.keyed_state import STATEFUL, PathState
 from detectors.routing import INPUTS
@@ -137,9 +138,9 @@ class StageStore:
             self.dirty.discard(key)
             try:
                 value = pack_record(
-                    json.dumps(
+                    orjson.dumps(
                         {"p": part, "o": self.applied.get(key, {}), "s": self.state.snapshot(self.stage, key)}
-                    ).encode()
+                    )
                 )
             except (StateError, ValueError, TypeError) as exc:  # a detector holding the unstorable
                 log.error("state of %s %s not stored: %s", self.stage, key, exc)
@@ -188,7 +189,7 @@ class StageStore:
 
     def _restore_now(self, key: str, raw: bytes) -> list[Any]:
         try:
-            rec = json.loads(unpack_record(raw))
+            rec = orjson.loads(unpack_record(raw))
             if not isinstance(rec, dict) or not isinstance(rec.get("s"), str):
                 raise StateError("not a state record")
             commands = self.state.restore(self.stage, key, rec["s"], now_ms())
