@@ -113,6 +113,7 @@ def run(
     profile: bool,
     rate: int,
     warmup: float,
+    raw_dir: Path | None = None,
 ) -> dict[str, Any]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -159,7 +160,8 @@ def run(
         if win is None and t_tick - t_start >= warmup:
             win = mark(worker.pid, core, sent + xids, port)
             if profile:
-                prof = Profiler(worker.pid, seconds - warmup + drain_s, rate, others, ("--gil",))
+                keep = raw_dir / f"pyspy-{machines}.txt" if raw_dir else None
+                prof = Profiler(worker.pid, seconds - warmup + drain_s, rate, others, ("--gil",), keep)
         ts = now_ms()
         for i, node in enumerate(nodes):  # spread each source over its interval, 1 s ticks
             if i % 10 == tick % 10:
@@ -378,6 +380,12 @@ def main() -> None:
         help="sample the worker with py-spy and split its CPU into stages (default on)",
     )
     ap.add_argument("--profile-rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument(
+        "--profile-raw",
+        type=Path,
+        default=None,
+        help="keep py-spy's raw stacks here (pyspy-<machines>.txt), to look behind a stage",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     args = ap.parse_args()
     if not 0 <= args.warmup < args.seconds:
@@ -408,6 +416,7 @@ def main() -> None:
             args.profile,
             args.profile_rate,
             args.warmup,
+            args.profile_raw,
         )
         results.append(r)
         print(

@@ -210,8 +210,16 @@ class Profiler:
     """``py-spy record`` on ``pid`` for ``duration`` seconds, run on ``cores`` (off the target's)."""
 
     def __init__(
-        self, pid: int, duration: float, rate: int = 100, cores: str = "", extra: tuple[str, ...] = ()
+        self,
+        pid: int,
+        duration: float,
+        rate: int = 100,
+        cores: str = "",
+        extra: tuple[str, ...] = (),
+        keep: Path | None = None,
     ) -> None:
+        #: where to keep py-spy's raw output (whole stacks, to look behind a stage), if anywhere.
+        self.keep = keep
         exe = py_spy()
         if exe is None:
             raise RuntimeError("py-spy not found (pip install py-spy)")
@@ -250,6 +258,8 @@ class Profiler:
         text = self.proc.stdout.read().decode(errors="replace") if self.proc.stdout else ""
         raw = self.out.read_text() if self.out.exists() else ""
         self.out.unlink(missing_ok=True)
+        if self.keep is not None:
+            self.keep.write_text(raw)
         prof = aggregate(raw)
         prof.profiler_cpu_s = usage.ru_utime + usage.ru_stime
         if self.proc.returncode or not prof.samples:

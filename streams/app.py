@@ -26,7 +26,7 @@ from detectors.routing import DetectionPath
 from infra.config import Settings
 from infra.sink import SinkThread
 from streams import jobs as job_specs
-from streams.agents import aggregation, anomaly, control, decide, inspection, training
+from streams.agents import aggregation, control, decide, inspection, training
 from streams.config import WorkerConfig
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
@@ -86,7 +86,6 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
     training.register(ctx, path, state)
     decide.register(ctx, path, jobs, state)
     aggregation.register(ctx, path, jobs, state)
-    anomaly.register(ctx, path)
     job_specs.follow(ctx, jobs)
     sink = _register_sink(ctx) if cfg.sink_enabled else None
 

@@ -32,6 +32,12 @@ class WorkerMetrics:
             "trainguard_dead_letters_total", "Events dead-lettered", ["agent"], registry=r
         )
         self.detections = Counter("trainguard_detections_total", "Detections emitted", ["agent"], registry=r)
+        self.stage_errors = Counter(
+            "trainguard_stage_errors_total",
+            "Failures of an informational stage on an event another stage handled (logged)",
+            ["stage"],
+            registry=r,
+        )
         self.decisions = Counter("trainguard_decisions_total", "Decisions emitted", ["action"], registry=r)
         self.state_writes = Counter(
             "trainguard_state_writes_total",
