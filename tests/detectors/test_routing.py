@@ -59,7 +59,7 @@ def test_each_topic_reaches_the_stages_that_consume_it() -> None:
 
 def test_every_agent_subscribes_to_its_stage_inputs_and_nothing_else() -> None:
     # The agents name their stage and subscribe to INPUTS[stage]: no topic list of their own.
-    for stage in (INSPECTION, ANOMALY, TRAINING, DECIDE, AGGREGATION):
+    for stage in (INSPECTION, TRAINING, DECIDE, AGGREGATION):
         source = (ROOT / "streams" / "agents" / f"{stage}.py").read_text()
         calls = [
             ast.unparse(n)
@@ -68,6 +68,14 @@ def test_every_agent_subscribes_to_its_stage_inputs_and_nothing_else() -> None:
         ]
         assert calls == ["ctx.faust_topics(*INPUTS[NAME])"], (stage, calls)
         assert f"NAME = {stage.upper()}" in source, stage
+
+
+def test_the_anomaly_stage_runs_in_the_inspection_agent_on_the_batch_it_decoded() -> None:
+    # No agent of its own: a second agent on the GPU topic decoded every GPU batch again.
+    assert {t.name for t in INPUTS[ANOMALY]} <= {t.name for t in INPUTS[INSPECTION]}
+    assert not (ROOT / "streams" / "agents" / f"{ANOMALY}.py").exists()
+    source = (ROOT / "streams" / "agents" / f"{INSPECTION}.py").read_text()
+    assert "path.findings(ANOMALY, ev, now)" in source
 
 
 def test_an_xid_line_becomes_an_eviction_of_its_machine() -> None:
