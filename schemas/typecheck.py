@@ -445,16 +445,22 @@ def _fast_field(tp: Any, meta: Mapping[str, Any], v: str, tag: str, env: dict[st
     (``_MISS`` when it cannot tell)."""
     origin, args = _shape(tp)
     lo, hi = meta.get("lo"), meta.get("hi")
-    rng = " and ".join(
-        [*([f"{v} >= {lo!r}"] if lo is not None else []), *([f"{v} <= {hi!r}"] if hi is not None else [])]
-    )
+
+    def within(x: str) -> list[str]:
+        low = [f"{x} >= {lo!r}"] if lo is not None else []
+        return low + ([f"{x} <= {hi!r}"] if hi is not None else [])
+
     if tp is float:
         # NaN fails every comparison; an infinity passes one bound only: without both bounds,
-        # v - v == 0.0 is the finiteness check (non-finite values take the general path).
+        # v - v == 0.0 is the finiteness check (non-finite values take the general path).  An
+        # int (a producer's 8 for 8.0) is converted as the general path does, its range checked
+        # on the float; one beyond +-1e300 takes the general path (float() could overflow).
         finite = [] if lo is not None and hi is not None else [f"{v} - {v} == 0.0"]
-        return " and ".join([f"type({v}) is float", *finite, *([rng] if rng else [])]), v
+        as_float = " and ".join([f"type({v}) is float", *finite, *within(v)])
+        as_int = " and ".join([f"type({v}) is int", f"-1e300 < {v} < 1e300", *within(f"float({v})")])
+        return f"({as_float}) or ({as_int})", f"({v} if type({v}) is float else float({v}))"
     if tp is int:
-        return " and ".join([f"type({v}) is int", *([rng] if rng else [])]), v
+        return " and ".join([f"type({v}) is int", *within(v)]), v
     if tp is bool:
         return f"type({v}) is bool", v
     if tp is str:
@@ -470,6 +476,12 @@ def _fast_field(tp: Any, meta: Mapping[str, Any], v: str, tag: str, env: dict[st
     if isinstance(tp, type) and issubclass(tp, enum.Enum) and all(type(m.value) is str for m in tp):
         env[f"_e_{tag}"] = {m.value: m for m in tp}
         return f"type({v}) is str and {v} in _e_{tag}", f"_e_{tag}[{v}]"
+    if origin in (list, tuple) and args and args[0] in (int, str):  # convert checks args[0] only
+        env["_all_valid"], env[f"_meta_{tag}"] = _all_valid, meta
+        max_items = meta.get("max_items")
+        size = [f"len({v}) <= {max_items!r}"] if max_items is not None else []
+        check = f"_all_valid({v}, {args[0].__name__}, _meta_{tag})"
+        return " and ".join([f"type({v}) is list", *size, check]), f"{origin.__name__}({v})"
     if origin is list and args and dataclasses.is_dataclass(args[0]):
         env[f"_d_{tag}"] = _fast(args[0])  # type: ignore[arg-type]  # a class, hashable
         env["_fast_list"] = _fast_list

@@ -88,7 +88,10 @@ def _gpu_doc(**gpu: Any) -> dict[str, Any]:
     "gpu",
     [
         {},
-        {"temperature_c": 61},  # an int in a float field: converted by the general path
+        {"temperature_c": 61},  # an int in a float field: converted to 61.0
+        {"temperature_c": 10**400},
+        {"temperature_c": -(10**301)},
+        {"mem_used_bytes": 2**64 - 1},
         {"temperature_c": float("nan")},
         {"temperature_c": float("inf")},
         {"temperature_c": 201.0},
@@ -104,6 +107,9 @@ def _gpu_doc(**gpu: Any) -> dict[str, Any]:
         {"uuid": "é" * 257},
         {"throttle_reasons": ["a", "\udfff"]},
         {"throttle_reasons": ["a"] * 65},
+        {"throttle_reasons": ["x" * 257]},
+        {"throttle_reasons": [1]},
+        {"throttle_reasons": ("a",)},
         {"retired_pages_pending": 1},
         {"mem_used_bytes": 2**64},
         {"unknown": 1},
