@@ -4,6 +4,7 @@ through the changelog), and the state codec refusing what is not state."""
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import replace
 
 import pytest
@@ -16,7 +17,7 @@ from detectors.keyed_state import STATEFUL, PathState
 from detectors.routing import AGGREGATION, DECIDE, INSPECTION, TRAINING, DetectionPath
 from detectors.training import StallConfig
 from schemas.control import CommandKind, Decision, Detection, Targets
-from schemas.enums import Action, ProcessRole
+from schemas.enums import Action, ProcessRole, Severity
 from schemas.topology import JobTopology
 from schemas.workload import StackDump, TrainingStep
 from streams.config import WorkerConfig
@@ -151,11 +152,27 @@ def test_drop_forgets_every_stage() -> None:
         '{"v": 1, "s": {"$c": "JobTopology", "a": {"job": "j", "order": "bad"}}}',
         '{"v": 1, "s": {"$q": [], "max": -1}}',
         '{"v": 1, "s": ' + "[" * 40 + "]" * 40 + "}",
+        '{"v": 1, "s": {"$dc": [1, 2], "v": [3]}}',
+        '{"v": 1, "s": {"$dc": [1], "v": [{"$c": "Popen"}]}}',
+        '{"v": 1, "s": {"$oc": "ab", "v": "cd"}}',
     ],
 )
 def test_garbage_is_a_state_error(doc: str | bytes) -> None:
     with pytest.raises(codec.StateError):
         codec.load(doc)
+
+
+def test_per_rank_maps_are_stored_as_columns_and_documents_of_pairs_still_load() -> None:
+    steps = {r: r * 10 for r in range(5)}
+    ordered = OrderedDict([("b", 1.5), ("a", None)])
+    doc = codec.dump({"steps": steps, "ordered": ordered, "mixed": {1: Severity.ERROR}})
+    assert '"$dc":[0,1,2,3,4],"v":[0,10,20,30,40]' in doc  # two columns, not a list per rank
+    back = codec.load(doc)
+    assert back["steps"] == steps and type(back["ordered"]) is OrderedDict and back["ordered"] == ordered
+    assert back["mixed"] == {1: Severity.ERROR}  # not plain: pairs, as before
+    # what a worker of the previous version wrote (pairs) restores the same
+    old = '{"v":1,"s":{"$d":[["steps",{"$d":[[0,0],[1,10]]}],["o",{"$o":[["b",1.5]]}]]}}'
+    assert codec.load(old) == {"steps": {0: 0, 1: 10}, "o": OrderedDict([("b", 1.5)])}
 
 
 def test_a_restore_of_the_wrong_shape_is_a_state_error() -> None:
@@ -169,7 +186,9 @@ _json = st.recursive(
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.dictionaries(
-            st.sampled_from(["$c", "$d", "$t", "$q", "$e", "a", "v", "max", "x"]), inner, max_size=3
+            st.sampled_from(["$c", "$d", "$dc", "$oc", "$t", "$q", "$e", "a", "v", "max", "x"]),
+            inner,
+            max_size=3,
         )
     ),
     max_leaves=20,
