@@ -31,6 +31,7 @@ from streams.config import WorkerConfig
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
 from streams.kafka_compat import faust_broker
+from streams.loop_watch import LoopWatch
 from streams.metrics import SinkMetrics
 from streams.state import WorkerState
 
@@ -93,6 +94,8 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
         path.reconfigure(new)
 
     control.register(ctx, on_change)
+    if cfg.loop_block_warn_s > 0:
+        _register_loop_watch(ctx)
     _register_web(ctx, sink)
     _register_lag(ctx)
     return Worker(app, ctx, path, jobs, sink)
@@ -113,6 +116,25 @@ def _register_sink(ctx: WorkerContext) -> SinkThread:
 
     ctx.app.service(SinkService)
     return runner
+
+
+def _register_loop_watch(ctx: WorkerContext) -> None:
+    """Log where the event loop is when it stops running (:mod:`streams.loop_watch`)."""
+    counter = ctx.metrics.loop_blocked
+
+    class LoopWatchService(mode.Service):
+        watch: LoopWatch | None = None
+
+        async def on_start(self) -> None:
+            block_s = ctx.cfg.loop_block_warn_s
+            self.watch = LoopWatch(asyncio.get_running_loop(), block_s, min(0.1, block_s / 4), counter.inc)
+            self.watch.start()
+
+        async def on_stop(self) -> None:
+            if self.watch is not None:
+                self.watch.stop()
+
+    ctx.app.service(LoopWatchService)
 
 
 def _register_web(ctx: WorkerContext, sink: SinkThread | None) -> None:

@@ -47,6 +47,9 @@ class WorkerConfig:
     state_flush_s: float = field(default=0.5, metadata=bounds(0.01, 600))
     #: an agent whose input has lag but made no progress for this long fails /healthz.
     liveness_stall_s: float = field(default=60.0, metadata=bounds(1, 86_400))
+    #: log the event loop thread's stack when the loop has not run for this long (0: off;
+    #: ``streams.loop_watch``): every decision waits while it is blocked.
+    loop_block_warn_s: float = field(default=1.0, metadata=bounds(0, 3600))
     #: run the ClickHouse sink (its own thread and consumer group, ``<app_id>-sink`` unless
     #: ``sink.group_id`` says otherwise); without it the agents dead-letter the garbage they see.
     sink_enabled: bool = True

@@ -81,6 +81,11 @@ class WorkerMetrics:
         self.sink_buffered = Gauge(
             "trainguard_sink_buffered", "Records the sink has read but not stored yet", registry=r
         )
+        self.loop_blocked = Counter(
+            "trainguard_loop_blocked_seconds_total",
+            "Seconds the event loop did not run, in stretches longer than loop_block_warn_s",
+            registry=r,
+        )
         self.followed = Gauge(
             "trainguard_follow_offset",
             "Offset of the next record this worker's own reader of a topic (jobs, control) reads",
