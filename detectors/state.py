@@ -108,18 +108,13 @@ def _is_config(v: Any) -> bool:
     return dataclasses.is_dataclass(v) and not isinstance(v, type) and type(v).__name__.endswith("Config")
 
 
-def _plain(v: Any) -> bool:
-    """A value JSON keeps as it is (finite floats only; ints and strings; not enums)."""
-    t = type(v)
-    return t is int or t is str or t is bool or v is None or (t is float and math.isfinite(v))
-
-
 _SIMPLE = frozenset({int, str, bool, type(None)})
 
 
 def _all_plain(values: Any) -> bool:
-    """Whether every item of ``values`` is :func:`_plain`, checked in C where it can be: a job's
-    per-rank maps hold ten thousand items and are written with every flush."""
+    """Whether JSON keeps every item of ``values`` as it is (ints, strings, bools, None, finite
+    floats; not enums), checked in C where it can be: a job's per-rank maps hold ten thousand
+    items and are written with every flush."""
     kinds = set(map(type, values))
     if kinds <= _SIMPLE:
         return True

@@ -392,6 +392,7 @@ def _fast(cls: Any) -> Callable[[dict[str, Any]], Any]:
     stream worker.  It accepts only what the general path accepts, and builds the same object
     (``tests/schemas/test_typecheck_fast.py`` holds the two side by side)."""
     fields, names = _fields(cls)
+    specs = {x.name: x for x in dataclasses.fields(cls)}
     env: dict[str, Any] = {"_MISS": _MISS, "_cls": cls, "_names": names, "_conv": _conv}
     lines = ["def fast(data):", "    if not _names.issuperset(data):", "        return _MISS"]
     for i, f in enumerate(fields):
@@ -401,7 +402,7 @@ def _fast(cls: Any) -> Callable[[dict[str, Any]], Any]:
         if f.required:
             lines.append("        return _MISS")
         else:  # what the class's __init__ would set: its default, or a fresh one from the factory
-            spec = next(x for x in dataclasses.fields(cls) if x.name == f.name)
+            spec = specs[f.name]
             if spec.default is not dataclasses.MISSING:
                 env[f"_default{i}"] = spec.default
                 lines.append(f"        {v} = _default{i}")
@@ -417,8 +418,7 @@ def _fast(cls: Any) -> Callable[[dict[str, Any]], Any]:
             lines.append(f"        if {v} is _MISS:")
             lines.append("            return _MISS")
     kwargs = ", ".join(f"{f.name!r}: v{i}" for i, f in enumerate(fields))
-    every = dataclasses.fields(cls)
-    if len(every) == len(fields) and not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls):
+    if len(specs) == len(fields) and not hasattr(cls, "__post_init__") and "__slots__" not in vars(cls):
         # What the generated __init__ does (a frozen one through object.__setattr__ per field,
         # half the cost of a GPU sample), done at once, in field order.
         env["_new"] = object.__new__
