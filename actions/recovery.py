@@ -412,8 +412,8 @@ class RecoveryRunner:
 
     def _swap(self, rec: Recovery, spec: JobSpec, machines: list[str], ctx: StepContext) -> dict[str, Any]:
         evicted = self.store.evicted_machines(rec.job)
-        ready = [s for s in spec.standbys if s not in evicted]
-        chosen = ready[: len(machines)]
+        pool = [s for s in spec.standbys if s not in evicted]
+        chosen = _ready_first(self.executor, spec, pool)[: len(machines)]
         new: list[str] = []
         if len(chosen) < len(machines):  # §6.2: not enough warm standbys -> provision only the shortfall
             new = self.executor.provision_standbys(rec.job, len(machines) - len(chosen), ctx)
@@ -430,6 +430,22 @@ class RecoveryRunner:
         except Exception as exc:
             raise TemporaryError(f"publishing the new JobSpec failed: {exc}") from exc
         self.store.save_spec(spec)
+
+
+def _ready_first(executor: Executor, spec: JobSpec, pool: list[str]) -> list[str]:
+    """``pool`` with the standbys the executor says are ready now first (pool order otherwise):
+    a standby still starting (a replacement provisioned after the last eviction) is taken only
+    when the ready ones are too few -- taking it first made the swap wait seconds for it while
+    a ready one sat idle."""
+    probe = getattr(executor, "ready_standbys", None)
+    if probe is None or not pool:
+        return pool
+    try:
+        ready = set(probe(spec, pool))
+    except Exception as exc:  # a failed probe costs the preference, not the swap
+        log.warning("executor %s could not tell which standbys are ready: %s", executor.name, exc)
+        return pool
+    return [s for s in pool if s in ready] + [s for s in pool if s not in ready]
 
 
 def _join(*parts: str) -> str:

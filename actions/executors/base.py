@@ -90,7 +90,10 @@ class Executor(Protocol):
     """Effects of recovery steps on one kind of cluster (see the module docstring's contract).
 
     Optional beyond the protocol: ``detail(op_id) -> str``, what the executor changed for step
-    ``op_id`` (e.g. the commands it ran), added to that step's action event."""
+    ``op_id`` (e.g. the commands it ran), added to that step's action event; and
+    ``ready_standbys(spec, standbys) -> list[str]``, which of the pool's ``standbys`` could take
+    a place right now (a swap takes those first, and waits only for what the ready ones
+    cannot cover)."""
 
     name: str
     #: the stop-time tests :meth:`run_diagnostics` can run (``actions.diagnostics`` picks from these).

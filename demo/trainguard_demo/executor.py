@@ -330,6 +330,11 @@ class LocalExecutor:
         if missing:
             raise TemporaryError(f"standby machines {missing} have not started yet", delay=2.0)
 
+    def ready_standbys(self, spec: JobSpec, standbys: list[str]) -> list[str]:
+        """The standbys with a whole warm pool waiting: activating one wakes processes at once."""
+        slots = spec.topology.ranks_per_machine
+        return [s for s in standbys if ready_pools(self.cluster, s, slots)]
+
     def restart(self, spec: JobSpec, ctx: StepContext) -> None:
         self._kill(self._ranks(spec.job))  # a restart always starts every rank fresh from the checkpoint
         state = self._load_state()

@@ -43,7 +43,14 @@ from schemas.control import JobSpec
 from schemas.topics import JOBS
 from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.inject import inject
-from trainguard_demo.launcher import launch_job, new_pool, read_progress, standby_ready, start_zygote
+from trainguard_demo.launcher import (
+    NICE_ENV,
+    launch_job,
+    new_pool,
+    read_progress,
+    standby_ready,
+    start_zygote,
+)
 from trainguard_demo.node import exporter_argv
 from trainguard_demo.report import (
     NOT_ACTING,
@@ -84,10 +91,15 @@ class DemoConfig:
     pp: int = 2
     dp: int = 2
     ranks_per_machine: int = 2
-    #: warm standby machines kept ready: three, because two-machine evictions (a straggler's
-    #: pair, a hang's group) 40 s apart emptied a pool of two, and a replacement takes 40-56 s
-    #: to be ready under this load (a NIC-down eviction waited 8 s for one).
-    standbys: int = 3
+    #: warm standby machines kept ready: four, because a two-machine eviction (a straggler's
+    #: pair, a hang's group) comes every 50-60 s here and a replacement takes 43-71 s to be
+    #: ready under this load: with three, the next eviction found one ready standby and waited
+    #: 4-6.5 s for a second (three runs at b0d373f); with four, two are ready while two start.
+    standbys: int = 4
+    #: the niceness of the simulated machines' processes (ranks, pools, zygotes; both jobs
+    #: alike): the control plane would have machines of its own (:func:`~trainguard_demo.
+    #: launcher.cluster_nice`).
+    cluster_nice: int = 10
     steps: int = 100_000
     #: a stall is a hang after 3 x the p99 step time (about 2.5 s here: 0.3-0.8 s steps, up to
     #: 1.6 s when the two cores are busiest), never before 2 s nor after 6 s.
@@ -223,6 +235,9 @@ class Demo:
                 f"port {self.cfg.web_port} is in use: is another demo still running? (stop it first)"
             )
         self.echo(f"[demo] stack: {Stack(self.settings).up().seconds:.1f}s; run dir {self.dir}")
+        # Read by every process that starts the cluster's processes: this one, the action
+        # service's executor (it inherits this environment) and the baseline's supervisor.
+        os.environ[NICE_ENV] = str(self.cfg.cluster_nice)
         env = {"TRAINGUARD_CONFIG": str(self._config_file())}
         self._spawn("worker", [*self._tg(), "worker"], env)
         self._spawn("actions", [*self._tg(), "actions", "run"], env)

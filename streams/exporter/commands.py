@@ -33,6 +33,9 @@ from streams.exporter.config import CommandsConfig
 
 log = logging.getLogger(__name__)
 
+#: a command older than this when it arrives is logged (the worker or the broker was slow).
+SLOW_DELIVERY_S = 1.0
+
 
 def skip_reason(cmd: Command, node: str, job: str, now: int, max_age_s: float) -> str:
     """Why this exporter ignores ``cmd`` ("" = it applies).
@@ -230,6 +233,11 @@ class CommandListener:
         if why:
             log.debug("command %s skipped: %s", cmd.command_id, why)
             return
+        late_s = (now_ms() - cmd.ts_ms) / 1000
+        if late_s > SLOW_DELIVERY_S:  # a capture that starts late delays a hang's verdict as much
+            log.warning(
+                "command %s (%s) arrived %.1f s after it was sent", cmd.command_id, cmd.kind.value, late_s
+            )
         self.handle(cmd)  # raising (ValueError: malformed): dead-lettered by dispatch
         self.handled += 1
         self.last_ok_ms = now_ms()

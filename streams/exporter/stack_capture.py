@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +32,10 @@ from streams.exporter.config import StacksConfig
 from streams.exporter.sources.process import TrackedProcess
 
 log = logging.getLogger(__name__)
+
+#: a capture round slower than this is logged: py-spy takes tens of ms a process, even on a
+#: loaded host, so a slow round means the processes or the host stalled the dump.
+SLOW_ROUND_S = 1.0
 
 #: frames that identify a process's role when its name did not (fork start method, old torch).
 _DATALOADER_FRAME = re.compile(r"torch/utils/data/_utils/worker\.py$")
@@ -189,7 +194,14 @@ class StackCapturer:
         for r in range(rounds):
             if r and self._stop.wait(interval_s):
                 return
-            for dump in self.capture_round(capture_id, r):
+            started = time.monotonic()
+            dumps = self.capture_round(capture_id, r)
+            took = time.monotonic() - started
+            if took > SLOW_ROUND_S:  # py-spy takes tens of ms a process: something waited
+                log.warning(
+                    "capture %s round %d took %.1f s for %d processes", capture_id, r, took, len(dumps)
+                )
+            for dump in dumps:
                 self.publish(dump)
             log.info("capture %s round %d/%d published", capture_id, r + 1, rounds)
         self.captures += 1

@@ -114,3 +114,71 @@ def test_swapping_standbys_waits_minutes_by_default_not_seconds() -> None:
     assert (
         ActionsConfig(steps={"swap_standbys": StepPolicy(budget_s=5)}).policy("swap_standbys").budget_s == 5
     )
+
+
+class ReadinessAware(DryRunExecutor):
+    """A dry run whose standbys in ``starting`` are not ready yet: activating one is retried."""
+
+    def __init__(self, env: ExecutorEnv, starting: set[str], probe_fails: bool = False) -> None:
+        super().__init__(DryRunConfig(), env)
+        self.starting, self.probe_fails = starting, probe_fails
+        self.activated: list[list[str]] = []
+
+    def ready_standbys(self, spec: JobSpec, standbys: list[str]) -> list[str]:
+        if self.probe_fails:
+            raise OSError("cluster state unreadable")
+        return [s for s in standbys if s not in self.starting]
+
+    def activate_standbys(
+        self, spec: JobSpec, standbys: list[str], replaces: list[str], ctx: StepContext
+    ) -> None:
+        self.activated.append(list(standbys))
+        if self.starting & set(standbys):
+            raise TemporaryError(
+                f"standby machines {sorted(self.starting & set(standbys))} have not started yet"
+            )
+        super().activate_standbys(spec, standbys, replaces, ctx)
+
+
+def _evict_with(tmp_path: Path, executor: ReadinessAware, spec: JobSpec) -> tuple[RecordingStop, list[str]]:
+    cfg = ActionsConfig(spec_wait_s=0, min_standbys=1)
+    store, stop = ProgressStore(tmp_path / "progress.sqlite"), RecordingStop()
+    runner = RecoveryRunner(cfg, store, executor, Events(), lambda _job: spec, stop=stop)
+    decision = make_decision(spec.job, Action.EVICT, [f"{spec.job}-n2"])
+    assert store.accept(decision, decision.ts_ms)
+    assert runner.run(decision.decision_id).state is RecoveryState.SUCCEEDED
+    return stop, executor.activated[-1]
+
+
+def test_a_swap_takes_a_ready_standby_before_one_still_starting(tmp_path: Path) -> None:
+    """The pool lists warm0 (still starting: provisioned after the last eviction) before warm1
+    (ready): the swap takes warm1 at once instead of waiting for warm0."""
+    spec = job_spec("job-ready-first", standbys=2)
+    executor = ReadinessAware(ExecutorEnv(state_dir=tmp_path / "executor"), {"job-ready-first-warm0"})
+    stop, chosen = _evict_with(tmp_path, executor, spec)
+    assert chosen == ["job-ready-first-warm1"] and executor.activated == [chosen]
+    assert stop.waits == []  # no retry: nothing waited for
+
+
+def test_a_swap_waits_for_a_starting_standby_when_no_ready_one_is_left(tmp_path: Path) -> None:
+    spec = job_spec("job-none-ready", standbys=1)
+    executor = ReadinessAware(ExecutorEnv(state_dir=tmp_path / "executor"), {"job-none-ready-warm0"})
+    calls = {"n": 0}
+    original = executor.activate_standbys
+
+    def becomes_ready(spec: JobSpec, standbys: list[str], replaces: list[str], ctx: StepContext) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            executor.starting.clear()  # its pool came up while the swap waited
+        original(spec, standbys, replaces, ctx)
+
+    executor.activate_standbys = becomes_ready  # type: ignore[method-assign]
+    stop, chosen = _evict_with(tmp_path, executor, spec)
+    assert chosen == ["job-none-ready-warm0"] and len(stop.waits) == 2
+
+
+def test_a_failing_readiness_probe_costs_the_preference_not_the_swap(tmp_path: Path) -> None:
+    spec = job_spec("job-probe-fails", standbys=2)
+    executor = ReadinessAware(ExecutorEnv(state_dir=tmp_path / "executor"), set(), probe_fails=True)
+    _, chosen = _evict_with(tmp_path, executor, spec)
+    assert chosen == ["job-probe-fails-warm0"]  # pool order

@@ -128,6 +128,26 @@ def test_a_slow_tail_raises_the_threshold() -> None:
     assert d.threshold_s() == 20.0
 
 
+def test_a_restarts_first_steps_do_not_raise_the_threshold() -> None:
+    """After a stop, each rank's first step (a process start, a checkpoint load: 1-2 s in the
+    demo against 0.3-0.8 s steps) is reported with its own time; it is not a sample of the job's
+    step time, or every restart would lift the p99 and delay the next hang's detection."""
+    cfg = StallConfig(stall_s=6.0, step_time_factor=3.0, min_stall_s=1.0, step_time_window=100)
+    d = StepStallDetector(cfg)
+    t = _steps(d, 45, 0.5, ranks=8)
+    assert d.threshold_s() == pytest.approx(1.5)
+    for r in range(8):  # stopped for 5 s, then resumed at the next step: 1.8 s first steps
+        d.update(r, 46, t + 5.0 + 1.8, 1.8)
+    assert d.threshold_s() == pytest.approx(1.5)
+    for r in range(8):  # ... and the steps after them count again
+        d.update(r, 47, t + 7.3, 0.5)
+    assert d.threshold_s() == pytest.approx(1.5) and len(d._times or ()) == 100
+    # A long step that follows its predecessor directly is a step time like any other.
+    for r in range(8):
+        d.update(r, 48, t + 7.3 + 1.8, 1.8)
+    assert d.threshold_s() == pytest.approx(5.4)
+
+
 def test_stall_settings_are_checked() -> None:
     with pytest.raises(ConfigError):
         load_config(StallConfig, {"step_time_quantile": 1.5})
@@ -186,7 +206,9 @@ def test_the_step_time_window_is_not_kept_in_the_worker_state_and_refills() -> N
     assert isinstance(restored, StepStallDetector)
     restored.config = StallConfig(stall_s=60.0, min_step_samples=20)
     assert restored.threshold_s() == 60.0
-    _steps(restored, 10, 1.0, t0=40.0)  # 2 ranks x 10 steps: 20 samples
+    # Steps 1..11 again after step 30: the first is a rewind (a first step, not a sample), then
+    # 2 ranks x 10 steps: 20 samples.
+    _steps(restored, 11, 1.0, t0=40.0)
     assert restored.threshold_s() == 10.0  # 5 x 1 s, floored at 10 s
     status = codec.load(codec.dump(RecoveryStatus()).replace("last_stop_end", "x"))
     assert isinstance(status, RecoveryStatus) and status.last_stop_end is None
