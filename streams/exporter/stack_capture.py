@@ -163,7 +163,9 @@ class StackCapturer:
         return by_pid.get(pid, [t for ts in by_pid.values() for t in ts]), ""
 
     def capture_round(self, capture_id: str, round_no: int) -> list[StackDump]:
-        procs = [p for p in self.discover() if p.state not in DEAD_STATES]
+        procs = [
+            p for p in self.discover() if p.state not in DEAD_STATES and (p.rank >= 0 or self.cfg.unranked)
+        ]
         with ThreadPoolExecutor(max_workers=self.cfg.parallel, thread_name_prefix="py-spy") as pool:
             results = list(pool.map(lambda p: self.dump(p.pid), procs))
         dumps = []

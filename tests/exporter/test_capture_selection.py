@@ -1,0 +1,51 @@
+"""Which processes a capture round dumps: every rank's processes, not the job's rank-less ones
+(a launcher, idle warm spares) unless asked -- the verdict never reads those, and a round waits
+for its slowest dump."""
+
+from __future__ import annotations
+
+from schemas.enums import ProcessRole
+from schemas.workload import ThreadStack
+from streams.exporter.config import StacksConfig
+from streams.exporter.sources.process import TrackedProcess
+from streams.exporter.stack_capture import StackCapturer
+
+PROCESSES = [
+    TrackedProcess(10, 1, 100, "python", "S", "python -m launcher", ProcessRole.OTHER, -1),
+    TrackedProcess(11, 10, 101, "python", "S", "python train.py", ProcessRole.MAIN, 0),
+    TrackedProcess(12, 11, 102, "pt_data_worker", "S", "python train.py", ProcessRole.DATALOADER, 0),
+    TrackedProcess(13, 10, 103, "python", "S", "python train.py", ProcessRole.MAIN, 1),
+    TrackedProcess(14, 1, 104, "python", "S", "python -m standby --slot 0", ProcessRole.OTHER, -1),
+    TrackedProcess(15, 10, 105, "python", "Z", "python train.py", ProcessRole.MAIN, 2),
+]
+
+
+class Recorded(StackCapturer):
+    """Records the pids it would have run py-spy on."""
+
+    def __init__(self, cfg: StacksConfig) -> None:
+        super().__init__(cfg, "n0", "j", lambda: PROCESSES, lambda _ev: None)
+        self.dumped: list[int] = []
+
+    def dump(self, pid: int) -> tuple[list[ThreadStack], str]:
+        self.dumped.append(pid)
+        return [], ""
+
+
+def test_a_round_dumps_the_ranks_processes_and_skips_rank_less_and_dead_ones() -> None:
+    cap = Recorded(StacksConfig())
+    dumps = cap.capture_round("c1", 0)
+    assert sorted(cap.dumped) == [11, 12, 13]  # 15 is a zombie: nothing to dump
+    assert [(d.pid, d.rank, d.role) for d in dumps] == [
+        (11, 0, ProcessRole.MAIN),
+        (12, 0, ProcessRole.DATALOADER),
+        (13, 1, ProcessRole.MAIN),
+    ]
+    # Each dump carries its rank's process tree (what completes the capture).
+    assert [p.pid for p in dumps[0].process_tree] == [11, 12]
+
+
+def test_rank_less_processes_are_dumped_when_configured() -> None:
+    cap = Recorded(StacksConfig(unranked=True))
+    cap.capture_round("c1", 0)
+    assert sorted(cap.dumped) == [10, 11, 12, 13, 14]
