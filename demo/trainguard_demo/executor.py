@@ -81,12 +81,6 @@ class LocalConfig:
     start_zygotes: bool = True
     #: start the diagnostics test server (imports torch) when the service starts.
     prewarm_diagnostics: bool = True
-    #: with ``prewarm_diagnostics``, a throwaway round of the tests this often while no
-    #: diagnosis runs (0: only the one at start).  A host that pages out memory idle for a
-    #: minute (this demo VM's DAMON reclaim) reads the tests' torch code back from disk in the
-    #: first diagnosis after a quiet spell: the NaN's, first in a demo run, took 3.2-5.8 s, the
-    #: crash's right after it 1.9-3.4 s (three runs at f7551c2).
-    diagnostics_keep_warm_s: float = field(default=30.0, metadata=bounds(0, 3600))
     #: warm pools kept per machine of the job (0: every restart cold-starts its processes).
     warm_pools: int = field(default=1, metadata=bounds(0, 4))
     #: a new pool waits this long before importing torch (the restarted ranks go first).
@@ -133,9 +127,6 @@ class LocalExecutor:
         self.state = env.state_dir / "local-executor.json"
         #: job -> wall time of its latest restart by this executor.
         self._restarted: dict[str, float] = {}
-        #: held while a diagnosis runs: the keep-warm round skips its turn then.
-        self._diagnosing = threading.Lock()
-        self._closing = threading.Event()
 
     # -- bookkeeping --------------------------------------------------------------------------
     def _load_state(self) -> dict[str, int]:
@@ -285,21 +276,6 @@ class LocalExecutor:
             # first diagnosis, 0.45 s for the next, on the same four machines; here 1.4 s, then
             # 0.3-0.8 s) -- with the job stopped.  Pass or fail, the answers are not used.
             run_local(["prewarm-0", "prewarm-1"], self.diagnostic_tests, timeout_s=30.0)
-            if self.cfg.diagnostics_keep_warm_s > 0:
-                keeper = self._keep_diagnostics_warm
-                threading.Thread(target=keeper, name="diagnostics-warm", daemon=True).start()
-
-    def _keep_diagnostics_warm(self) -> None:
-        """Every ``diagnostics_keep_warm_s``, a throwaway round of the tests unless one runs."""
-        while not self._closing.wait(self.cfg.diagnostics_keep_warm_s):
-            if not self._diagnosing.acquire(blocking=False):
-                continue
-            try:
-                run_local(["prewarm-0", "prewarm-1"], self.diagnostic_tests, timeout_s=30.0)
-            except Exception as exc:  # a failed keep-warm round is no reason to stop the service
-                log.warning("keep-warm round of the stop-time tests failed: %s", exc)
-            finally:
-                self._diagnosing.release()
 
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         self._kill(self._ranks(spec.job))
@@ -421,17 +397,15 @@ class LocalExecutor:
         self, spec: JobSpec, machines: list[str], tests: list[str], ctx: StepContext
     ) -> list[DiagnosticResult]:
         faults = _diag_faults(self.cluster, machines)
-        # Waits for a keep-warm round in flight (under a second) rather than run beside it.
-        with self._diagnosing:
-            return run_local(
-                machines, tests, faults, timeout_s=min(self.cfg.diagnostics_timeout_s, ctx.remaining())
-            )
+        return run_local(
+            machines, tests, faults, timeout_s=min(self.cfg.diagnostics_timeout_s, ctx.remaining())
+        )
 
     def run_replay(self, spec: JobSpec, groups: list[list[str]], ctx: StepContext) -> list[bool]:
         raise PermanentError("dual-phase replay is not available on the local executor: an operator decides")
 
     def close(self) -> None:
-        self._closing.set()
+        return None
 
 
 def _topology_of(cluster: Path, job: str) -> JobTopology:

@@ -27,7 +27,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,18 +40,10 @@ class StandbyConfig:
     slot: int
     pool: str = "0"
     poll_s: float = 0.1
-    #: while it waits, the slot exercises a rank's first-use paths this often (0: never): on a
-    #: host that pages out memory idle for a minute (this demo VM's DAMON reclaim paged out
-    #: 30 GB in one session) a process that waited long reads torch's code back from disk when
-    #: woken, and the restart waits for it.
-    keep_warm_s: float = 30.0
 
 
-def wait_for_activation(
-    cfg: StandbyConfig, exercise: Callable[[], None] | None = None
-) -> tuple[LaunchSpec, int]:
-    """Block until the pool is activated; returns the job and this slot's rank.  ``exercise``
-    runs every ``cfg.keep_warm_s`` while it waits (see :attr:`StandbyConfig.keep_warm_s`)."""
+def wait_for_activation(cfg: StandbyConfig) -> tuple[LaunchSpec, int]:
+    """Block until the pool is activated; returns the job and this slot's rank."""
     paths = ClusterPaths(Path(cfg.cluster_dir))
     status = paths.pool(cfg.machine, cfg.pool) / f"slot-{cfg.slot}.json"
     write_atomic(status, json.dumps({"status": "standby", "pid": os.getpid(), "ts": time.time()}))
@@ -62,16 +53,11 @@ def wait_for_activation(
     if not first.exists():
         write_atomic(first, f"{time.time()}\n")
     activation = paths.activation(cfg.machine, cfg.pool)
-    exercised = time.monotonic()
     while True:
         try:
             spec = LaunchSpec.from_json(activation.read_text())
             break
         except FileNotFoundError:
-            due = cfg.keep_warm_s > 0 and time.monotonic() - exercised >= cfg.keep_warm_s
-            if exercise is not None and due:
-                exercise()
-                exercised = time.monotonic()
             time.sleep(cfg.poll_s)
     ranks = spec.ranks_on(cfg.machine)
     if cfg.slot >= len(ranks):
@@ -102,21 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool", default="0")
     p.add_argument("--poll", type=float, default=0.1)
     p.add_argument("--warm-delay", type=float, default=0.0, help="seconds to wait before importing torch")
-    p.add_argument("--keep-warm", type=float, default=30.0, help="seconds between exercises while waiting")
     a = p.parse_args(argv)
     if a.warm_delay > 0:
         time.sleep(a.warm_delay)
     from trainguard_demo.trainer import prewarm  # the heavy part: torch and the model code
 
     prewarm()
-    return serve_slot(StandbyConfig(a.cluster_dir, a.machine, a.slot, a.pool, a.poll, a.keep_warm))
+    return serve_slot(StandbyConfig(a.cluster_dir, a.machine, a.slot, a.pool, a.poll))
 
 
 def serve_slot(cfg: StandbyConfig) -> int:
     """Announce the slot, wait for activation, then run the rank in this process."""
-    from trainguard_demo.trainer import prewarm, run_rank
+    from trainguard_demo.trainer import run_rank
 
-    spec, rank = wait_for_activation(cfg, prewarm)
+    spec, rank = wait_for_activation(cfg)
     become_rank(spec, rank)
     print(
         f"standby {cfg.machine}/{cfg.pool}/{cfg.slot} activated as rank {rank} of job {spec.job}", flush=True
