@@ -49,6 +49,7 @@ from trainguard_demo.launcher import (
     new_pool,
     read_progress,
     ready_pools,
+    standby_ready,
     start_zygote,
 )
 from trainguard_demo.node import start_exporter
@@ -332,8 +333,7 @@ class LocalExecutor:
 
     def ready_standbys(self, spec: JobSpec, standbys: list[str]) -> list[str]:
         """The standbys with a whole warm pool waiting: activating one wakes processes at once."""
-        slots = spec.topology.ranks_per_machine
-        return [s for s in standbys if ready_pools(self.cluster, s, slots)]
+        return [s for s in standbys if standby_ready(self.cluster, s, spec.topology.ranks_per_machine)]
 
     def restart(self, spec: JobSpec, ctx: StepContext) -> None:
         self._kill(self._ranks(spec.job))  # a restart always starts every rank fresh from the checkpoint
