@@ -98,6 +98,9 @@ class BaselineConfig:
     startup_timeout_s: float = 90.0
     #: wait between stopping the ranks and relaunching them (a scheduler's queueing delay).
     requeue_delay_s: float = 0.0
+    #: the CPUs the baseline's ranks are pinned to (empty: not pinned), apart from the CPUs of
+    #: TrainGuard's job when both run on one host (:func:`~trainguard_demo.launcher.cluster_cpus`).
+    cpus: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.poll_s <= 0 or self.startup_timeout_s <= 0:
@@ -302,7 +305,7 @@ class BaselineSupervisor:
     def _launch(self) -> None:
         resume = _resume_step(self.base)
         spec = replace(self.base, master_port=self.config.port_base + self._launches)
-        handle = launch_job(spec)
+        handle = launch_job(spec, cpus=self.config.cpus)  # its own CPUs, never the other job's
         with self._lock:
             self._spec, self._handle = spec, handle
             self._launches += 1

@@ -115,7 +115,42 @@ def cluster_nice() -> int:
         return 0
 
 
-def _spawn(argv: list[str], out: Path, err: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+#: the CPUs every process this module starts may run on (``"0"``, ``"0-3"``, ``"0,2"``), read
+#: like :data:`NICE_ENV`; a caller that runs a second cluster on the same host (the baseline)
+#: passes its own set to :func:`launch_job` instead (see :func:`cluster_cpus`).
+CPUS_ENV = "TRAINGUARD_CLUSTER_CPUS"
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """The CPU numbers of a list like ``"0-3,6"`` (empty: no pinning).  Bad input is an error."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad CPU list {text!r}: expected numbers and ranges like '0-3,6'")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"bad CPU range {part!r} in {text!r}")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def cluster_cpus() -> frozenset[int]:
+    """The CPUs the demo's cluster processes are pinned to (``$TRAINGUARD_CLUSTER_CPUS``; empty:
+    not pinned).
+
+    The demo runs two simulated clusters on one host -- TrainGuard's job and the baseline job --
+    where a real site gives each job machines of its own.  Without pinning, the baseline's cold
+    restarts (16 processes importing torch at once) take the CPU that TrainGuard's job needs to
+    recover, so each job's result would depend on the other's timing.  Pinned to disjoint
+    halves of the host, each job has "machines" of its own; the control plane is not pinned.
+    """
+    return parse_cpus(os.environ.get(CPUS_ENV, ""))
+
+
+def _spawn(
+    argv: list[str], out: Path, err: Path, env: dict[str, str], cpus: frozenset[int] | None = None
+) -> subprocess.Popen[bytes]:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "ab") as fo, open(err, "ab") as fe:  # the child keeps its own descriptors
         proc = subprocess.Popen(
@@ -127,13 +162,25 @@ def _spawn(argv: list[str], out: Path, err: Path, env: dict[str, str]) -> subpro
         # the trainer.  The child forks its DataLoader workers and pools later: they inherit it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+    cpus = cluster_cpus() if cpus is None else cpus
+    if cpus:
+        # Same as the niceness: set from here; the children (DataLoader workers, forked pools)
+        # inherit it.  CPUs this host lacks are left out; none left: not pinned.
+        usable = cpus & os.sched_getaffinity(0)
+        if usable:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.sched_setaffinity(proc.pid, usable)
     return proc
 
 
 def launch_job(
-    spec: LaunchSpec, machines: Iterable[str] | None = None, python: str = sys.executable
+    spec: LaunchSpec,
+    machines: Iterable[str] | None = None,
+    python: str = sys.executable,
+    cpus: frozenset[int] | None = None,
 ) -> JobHandle:
-    """Start the ranks of ``spec`` on ``machines`` (default: all of the job's machines)."""
+    """Start the ranks of ``spec`` on ``machines`` (default: all of the job's machines), pinned
+    to ``cpus`` (default: :func:`cluster_cpus`)."""
     names = spec.machine_names()
     chosen = list(machines) if machines is not None else names
     unknown = set(chosen) - set(names)
@@ -153,7 +200,7 @@ def launch_job(
                 })  # fmt: skip
                 out, err = (paths.log(machine, spec.job, rank, s) for s in ("out", "err"))
                 argv = [python, "-m", "trainguard_demo.trainer", *spec.to_argv(rank)]
-                handle.procs.append(RankProcess(machine, rank, _spawn(argv, out, err, env), out, err))
+                handle.procs.append(RankProcess(machine, rank, _spawn(argv, out, err, env, cpus), out, err))
     except BaseException:
         stop_job(handle, grace_s=0)
         raise

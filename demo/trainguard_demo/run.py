@@ -44,6 +44,7 @@ from schemas.topics import JOBS
 from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.inject import inject
 from trainguard_demo.launcher import (
+    CPUS_ENV,
     NICE_ENV,
     launch_job,
     new_pool,
@@ -100,6 +101,10 @@ class DemoConfig:
     #: alike): the control plane would have machines of its own (:func:`~trainguard_demo.
     #: launcher.cluster_nice`).
     cluster_nice: int = 10
+    #: with the baseline, pin each job's processes to its own half of the host's CPUs, as each
+    #: job would have machines of its own (:func:`~trainguard_demo.launcher.cluster_cpus`);
+    #: the control plane is not pinned.
+    pin_jobs: bool = True
     steps: int = 100_000
     #: a stall is a hang after 3 x the p99 step time (about 2.5 s here: 0.3-0.8 s steps, up to
     #: 1.6 s when the two cores are busiest), never before 2 s nor after 6 s.
@@ -124,6 +129,20 @@ class DemoConfig:
     budget_s: float = 840.0
 
 
+def split_cpus(cpus: set[int] | frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
+    """Two disjoint halves of ``cpus`` (the first gets the odd one), or two empty sets when
+    there are fewer than two: nothing to split, so nothing is pinned.
+
+    >>> split_cpus({0, 1}), split_cpus({0, 1, 2}), split_cpus({3})
+    ((frozenset({0}), frozenset({1})), (frozenset({0, 1}), frozenset({2})), (frozenset(), frozenset()))
+    """
+    ordered = sorted(cpus)
+    if len(ordered) < 2:
+        return frozenset(), frozenset()
+    half = (len(ordered) + 1) // 2
+    return frozenset(ordered[:half]), frozenset(ordered[half:])
+
+
 class Demo:
     def __init__(
         self, settings: Settings, cfg: DemoConfig, scenario: list[dict[str, Any]], out: Any = click.echo
@@ -137,6 +156,7 @@ class Demo:
         self._clickhouse: ClickHouseStore | None = None
         self.baseline_cluster = self.dir / "baseline-cluster"
         self.baseline: BaselineSupervisor | None = None  # when the baseline runs
+        self.baseline_cpus: frozenset[int] = frozenset()  # the baseline's CPUs when pinned
         self.started_at = time.time()
         self._deadline = time.monotonic() + cfg.budget_s
 
@@ -238,6 +258,12 @@ class Demo:
         # Read by every process that starts the cluster's processes: this one, the action
         # service's executor (it inherits this environment) and the baseline's supervisor.
         os.environ[NICE_ENV] = str(self.cfg.cluster_nice)
+        if self.cfg.baseline and self.cfg.pin_jobs:
+            mine, self.baseline_cpus = split_cpus(os.sched_getaffinity(0))
+            if mine:
+                os.environ[CPUS_ENV] = ",".join(map(str, sorted(mine)))
+                theirs = sorted(self.baseline_cpus)
+                self.echo(f"[demo] CPUs: TrainGuard's job {sorted(mine)}, the baseline's {theirs}")
         env = {"TRAINGUARD_CONFIG": str(self._config_file())}
         self._spawn("worker", [*self._tg(), "worker"], env)
         self._spawn("actions", [*self._tg(), "actions", "run"], env)
@@ -307,6 +333,7 @@ class Demo:
                 port_base=29951,
                 timeout_s=self.cfg.baseline_timeout_s,
                 checkpoint_every=self.cfg.baseline_checkpoint_every,
+                cpus=self.baseline_cpus,
             ),
         ).start()
         self.echo(f"[demo] baseline job {baseline_spec.job} on {machines}: timeout detection + cold requeue")
