@@ -111,6 +111,12 @@ class DemoConfig:
     stall_s: float = 6.0
     stall_factor: float = 3.0
     min_stall_s: float = 2.0
+    #: a hang's stack capture starts at this fraction of the stall threshold, so its dumps are in
+    #: when the threshold is reached (``StallConfig.precapture_fraction``): a hang is localised
+    #: about 1 s sooner.  Off before the jobs were pinned to CPUs of their own: 0.5 then
+    #: suspected a hang every 20-30 s.  Pinned, rank 0's steady-state step gaps are p99
+    #: 0.61-0.66 s, 4-6 a run over 1.2 s (three runs at 76f78df): a few early captures a run.
+    precapture_fraction: float = 0.6
     incident_timeout_s: float = 150.0
     settle_steps: int = 5
     #: healthy training between one fault's recovery and the next injection.
@@ -197,6 +203,7 @@ class Demo:
                         "stall_s": self.cfg.stall_s,
                         "step_time_factor": self.cfg.stall_factor,
                         "min_stall_s": self.cfg.min_stall_s,
+                        "precapture_fraction": self.cfg.precapture_fraction,
                     },
                     # Eight ranks share two cores here: a rank 10-20% slower than the median is
                     # noise from its neighbours (restarts, warm pools), not a failing machine.
