@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job (README): set up, start the real local stack, and run the end-to-end demo: a real
 # PyTorch job on a local cluster of 4 machines + warm standbys survives injected faults; the
-# timeline and the ETTR are printed at the end (about 10 minutes on 2 cores).
+# timeline and the ETTR are printed at the end (about 11 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
