@@ -20,10 +20,21 @@ thread holding the GIL, so samples / rate tracks its CPU time, printed as a chec
 samples are split into stages by the innermost frame matching the table in
 ``bench/worker_cost.py``: each stage's share of the samples, and that share of the worker's CPU
 per 1,000 messages.  ``--json`` prints one object (the levels, their cost and profiles) on stdout
-and the tables on stderr.
+and the tables on stderr.  The worker's CPU is also given per 1,000 events its agents processed
+(``trainguard_agent_events_total`` from its /metrics, the sink's own count left out): the lag
+gauge is refreshed every 5 s, so at loads the worker does not keep up with "sent less what the
+lag grew by" miscounts what it consumed.  The agents read every topic but the exporters'
+heartbeats (the sink's alone, 16 % of the messages sent here), so at a load kept up with the
+processed events are about 84 % of those sent.
+
+``--sink-process``: the worker runs with ``worker.sink_process: true`` and a ``trainguard sink``
+(same app id, so the same sink group) runs beside it on the generator's cores: the worker's CPU
+is then the detection path's alone, and the sink's CPU per 1,000 messages and its lag at the end
+are reported apart.
 
     python bench/stream_load.py --machines 300,600,1200 [--seconds 60] [--step-interval 10]
                                 [--warmup 5] [--no-profile] [--json] [--worker-core 1]
+                                [--sink-process]
 """
 
 from __future__ import annotations
@@ -67,30 +78,40 @@ from schemas.workload import LogLine, TrainingStep
 XID = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 
 
-def lag_of(port: int) -> float:
+def _metrics(port: int) -> str | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            text = r.read().decode()
+            return str(r.read().decode())
     except OSError:
+        return None
+
+
+def _sum(text: str | None, pattern: str) -> float:
+    """The sum of the samples ``pattern`` matches in a /metrics text; NaN without a text."""
+    if text is None:
         return float("nan")
-    return sum(float(m) for m in re.findall(r"^trainguard_consumer_lag\{[^}]*\} (\S+)$", text, re.M))
+    return sum(float(m) for m in re.findall(pattern, text, re.M))
 
 
-def start_worker(port: int, log: Path, core: int | None) -> subprocess.Popen[bytes]:
+def lag_of(port: int, metric: str = "trainguard_consumer_lag") -> float:
+    return _sum(_metrics(port), rf"^{metric}\{{[^}}]*\}} (\S+)$")
+
+
+def processed_of(port: int) -> float:
+    """Events the worker's agents processed (the sink's own count, ``agent="sink"``, left out)."""
+    return _sum(_metrics(port), r'^trainguard_agent_events_total\{agent="(?!sink")[^"]*"\} (\S+)$')
+
+
+def start_worker(
+    port: int, log: Path, core: int | None, app_id: str, sink_process: bool = False
+) -> subprocess.Popen[bytes]:
     exe = str(Path(sys.executable).with_name("trainguard"))
-    argv = [
-        exe,
-        "worker",
-        "--app-id",
-        f"bench-{uuid.uuid4().hex[:6]}",
-        "--web-port",
-        str(port),
-        "--loglevel",
-        "error",
-    ]
+    argv = [exe, "worker", "--app-id", app_id, "--web-port", str(port), "--loglevel", "error"]
     if core is not None:
         argv = ["taskset", "-c", str(core), *argv]  # taskset execs: the pid is the worker's
     env = {**os.environ, "TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "latest"}
+    if sink_process:
+        env["TRAINGUARD__WORKER__SINK_PROCESS"] = "true"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -101,6 +122,22 @@ def start_worker(port: int, log: Path, core: int | None) -> subprocess.Popen[byt
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"worker did not start; see {log}")
+
+
+def start_sink(port: int, log: Path, cores: str, app_id: str) -> subprocess.Popen[bytes]:
+    """``trainguard sink`` for the worker's app id, on ``cores`` (the generator's), /metrics on ``port``."""
+    exe = str(Path(sys.executable).with_name("trainguard"))
+    argv = ["taskset", "-c", cores, exe, "sink", "--app-id", app_id, "--web-port", str(port)]
+    env = {**os.environ, "TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "latest"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if _metrics(port) is not None:
+            return proc
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"sink did not start; see {log}")
 
 
 def run(
@@ -114,6 +151,7 @@ def run(
     rate: int,
     warmup: float,
     raw_dir: Path | None = None,
+    sink_process: bool = False,
 ) -> dict[str, Any]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -121,7 +159,14 @@ def run(
     job = f"bench-{uuid.uuid4().hex[:6]}"
     nodes = [f"{job}-n{i:05d}" for i in range(machines)]
     log = Path(f"/tmp/trainguard-bench-worker-{machines}.log")
-    worker = start_worker(port, log, core)
+    app_id = f"bench-{uuid.uuid4().hex[:6]}"
+    sink = (
+        start_sink(port + 1, Path(f"/tmp/trainguard-bench-sink-{machines}.log"), others, app_id)
+        if sink_process
+        else None
+    )
+    worker = start_worker(port, log, core, app_id, sink_process)
+    sink_pid = sink.pid if sink is not None else None
     producer = KafkaProducer(**settings.kafka.client_kwargs(), linger_ms=20, compression_type="gzip", acks=1)
     injected: dict[str, float] = {}
     latencies: list[float] = []
@@ -158,7 +203,7 @@ def run(
     while time.monotonic() - t_start < seconds:
         t_tick = time.monotonic()
         if win is None and t_tick - t_start >= warmup:
-            win = mark(worker.pid, core, sent + xids, port)
+            win = mark(worker.pid, core, sent + xids, port, sink_pid)
             if profile:
                 keep = raw_dir / f"pyspy-{machines}.txt" if raw_dir else None
                 prof = Profiler(worker.pid, seconds - warmup + drain_s, rate, others, ("--gil",), keep)
@@ -251,12 +296,16 @@ def run(
         tick += 1
         time.sleep(max(0.0, 1.0 - (time.monotonic() - t_tick)))
     time.sleep(drain_s)  # ... and ends after the drain
-    end = mark(worker.pid, core, sent + xids, port)
+    end = mark(worker.pid, core, sent + xids, port, sink_pid)
+    sink_lag = lag_of(port + 1, "trainguard_sink_lag") if sink is not None else float("nan")
     stop.set()
     watcher.join(5)
     profiled = prof.finish() if prof else None
     worker.terminate()
     worker.wait(20)
+    if sink is not None:
+        sink.terminate()
+        sink.wait(30)
     producer.close()
     lat = sorted(latencies)
     final_lag = end.lag
@@ -271,6 +320,8 @@ def run(
         "xid_p50_s": statistics.median(lat) if lat else float("nan"),
         "xid_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
         "xid_lost": len(injected),
+        "sink_process": sink_process,
+        "sink_final_lag": sink_lag,
         **cost,
         "profile": profile_dict(profiled, cost, rate) if profiled else None,
     }
@@ -287,9 +338,13 @@ class Mark:
     core_busy_s: float
     produced: int
     lag: float
+    #: events the worker's agents processed so far (its /metrics).
+    processed: float
+    #: the ``trainguard sink`` process's CPU seconds; NaN without one.
+    sink_cpu_s: float
 
 
-def mark(pid: int, core: int | None, produced: int, port: int) -> Mark:
+def mark(pid: int, core: int | None, produced: int, port: int, sink_pid: int | None = None) -> Mark:
     return Mark(
         time.monotonic(),
         cpu_seconds(pid),
@@ -297,6 +352,8 @@ def mark(pid: int, core: int | None, produced: int, port: int) -> Mark:
         core_busy_seconds(core) if core is not None else math.nan,
         produced,
         lag_of(port),
+        processed_of(port),
+        cpu_seconds(sink_pid) if sink_pid is not None else math.nan,
     )
 
 
@@ -307,6 +364,8 @@ def window_cost(a: Mark, b: Mark) -> dict[str, float]:
     grew = b.lag - a.lag if not (math.isnan(a.lag) or math.isnan(b.lag)) else 0.0
     consumed = max(1.0, produced - max(0.0, grew))  # input less what the consumer's lag grew by
     cpu, gen = b.worker_cpu_s - a.worker_cpu_s, b.generator_cpu_s - a.generator_cpu_s
+    processed = b.processed - a.processed
+    sink_cpu = b.sink_cpu_s - a.sink_cpu_s
     return {
         "window_s": wall,
         "produced": produced,
@@ -314,6 +373,11 @@ def window_cost(a: Mark, b: Mark) -> dict[str, float]:
         "worker_cpu_s": cpu,
         "worker_core_util_pct": 100 * cpu / wall,
         "worker_cpu_ms_per_1k": 1e6 * cpu / consumed,
+        "processed": processed,
+        # NaN when the /metrics could not be read at either end
+        "worker_cpu_ms_per_1k_processed": 1e6 * cpu / processed if processed > 0 else math.nan,
+        "sink_cpu_s": sink_cpu,
+        "sink_cpu_ms_per_1k": 1e6 * sink_cpu / consumed,
         "generator_cpu_s": gen,
         "generator_cpu_ms_per_1k": 1e6 * gen / max(1, produced),
         # what else ran on the worker's core (its busy time less the worker's own CPU)
@@ -386,6 +450,11 @@ def main() -> None:
         default=None,
         help="keep py-spy's raw stacks here (pyspy-<machines>.txt), to look behind a stage",
     )
+    ap.add_argument(
+        "--sink-process",
+        action="store_true",
+        help="the worker runs no sink (worker.sink_process); `trainguard sink` runs on the generator's cores",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     args = ap.parse_args()
     if not 0 <= args.warmup < args.seconds:
@@ -395,12 +464,14 @@ def main() -> None:
     where = f"core {core} (taskset)" if core is not None else "not pinned (fewer than 2 cores or no taskset)"
     print(
         f"worker: {where}; load generator{' and py-spy' if args.profile else ''}: cores {others}; "
-        f"{args.seconds:g} s per level + 3 s drain",
+        f"{args.seconds:g} s per level + 3 s drain"
+        + ("; the sink: a `trainguard sink` process on the generator's cores" if args.sink_process else ""),
         file=out,
     )
     print(
         "machines  input msg/s  keeps_up  final_lag  max_lag  xid->decision p50   p99   (not decided)"
-        "  worker CPU ms/1k msgs  core util  others on core  generator CPU ms/1k",
+        "  worker CPU ms/1k msgs  (/1k processed)  core util  others on core  generator CPU ms/1k"
+        + ("  sink CPU ms/1k  sink lag" if args.sink_process else ""),
         file=out,
         flush=True,
     )
@@ -417,13 +488,16 @@ def main() -> None:
             args.profile_rate,
             args.warmup,
             args.profile_raw,
+            args.sink_process,
         )
         results.append(r)
         print(
             f"{n:8d}  {r['msgs_per_s']:11.0f}  {'yes' if r['keeps_up'] else 'NO':8}  {r['final_lag']:9.0f}  "
             f"{r['max_lag']:7.0f}  {r['xid_p50_s']:17.2f}s {r['xid_p99_s']:5.2f}s  {r['xid_lost']:13d}"
-            f"  {r['worker_cpu_ms_per_1k']:21.0f}  {r['worker_core_util_pct']:8.0f}%  "
-            f"{r['worker_core_others_pct']:13.0f}%  {r['generator_cpu_ms_per_1k']:19.0f}",
+            f"  {r['worker_cpu_ms_per_1k']:21.0f}  {r['worker_cpu_ms_per_1k_processed']:15.0f}"
+            f"  {r['worker_core_util_pct']:8.0f}%  {r['worker_core_others_pct']:13.0f}%"
+            f"  {r['generator_cpu_ms_per_1k']:19.0f}"
+            + (f"  {r['sink_cpu_ms_per_1k']:14.0f}  {r['sink_final_lag']:8.0f}" if args.sink_process else ""),
             file=out,
             flush=True,
         )
@@ -442,6 +516,7 @@ def main() -> None:
                         "profile_rate": args.profile_rate,
                         "levels": results,
                         "warmup_s": args.warmup,
+                        "sink_process": args.sink_process,
                     }
                 )
             )

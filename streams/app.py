@@ -5,7 +5,8 @@ workers started with the same ``app_id`` form one consumer group and share the p
 agents share one :class:`~detectors.routing.DetectionPath` (the routing the offline replay uses
 too).  The ClickHouse sink (:class:`infra.sink.Sink`) runs beside them in a thread of its own,
 with a consumer group of its own (``<app_id>-sink``): a ClickHouse outage holds up the sink,
-never the detection agents.  The worker's web server serves ``/metrics`` (Prometheus) and
+never the detection agents.  With ``sink_process`` it runs as ``trainguard sink`` instead, a
+process of its own in the same group.  The worker's web server serves ``/metrics`` (Prometheus) and
 ``/healthz`` (progress-based liveness of every agent and of the sink).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import faust
@@ -27,7 +28,7 @@ from infra.config import Settings
 from infra.sink import SinkThread
 from streams import jobs as job_specs
 from streams.agents import aggregation, control, decide, inspection, training
-from streams.config import WorkerConfig
+from streams.config import WorkerConfig, sink_config
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
 from streams.kafka_compat import faust_broker
@@ -46,7 +47,7 @@ class Worker:
     ctx: WorkerContext
     path: DetectionPath
     jobs: JobDirectory
-    #: None when ``sink_enabled`` is off.
+    #: None when ``sink_enabled`` is off or the sink runs as a process of its own (``sink_process``).
     sink: SinkThread | None
 
 
@@ -88,7 +89,7 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
     decide.register(ctx, path, jobs, state)
     aggregation.register(ctx, path, jobs, state)
     job_specs.follow(ctx, jobs)
-    sink = _register_sink(ctx) if cfg.sink_enabled else None
+    sink = _register_sink(ctx) if cfg.sink_enabled and not cfg.sink_process else None
 
     def on_change(new: WorkerConfig) -> None:
         path.reconfigure(new)
@@ -104,7 +105,7 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
 def _register_sink(ctx: WorkerContext) -> SinkThread:
     """The sink thread, started and stopped with the app; its group is ``<app_id>-sink``."""
     cfg = ctx.cfg
-    sink_cfg = replace(cfg.sink, group_id=cfg.sink.group_id or f"{cfg.app_id}-sink")
+    sink_cfg = sink_config(cfg)
     runner = SinkThread(ctx.settings, sink_cfg, SinkMetrics(ctx.metrics), cfg.auto_offset_reset)
 
     class SinkService(mode.Service):

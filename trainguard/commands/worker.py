@@ -8,6 +8,7 @@ import click
 
 from infra.config import component_config
 from streams.config import WorkerConfig
+from trainguard.commands.sink import COMMANDS as SINK_COMMANDS
 from trainguard.context import friendly_errors, settings
 
 
@@ -34,7 +35,8 @@ from trainguard.context import friendly_errors, settings
 def worker(
     ctx: click.Context, web_port: int | None, app_id: str | None, namespace: str | None, loglevel: str
 ) -> None:
-    """Run a stream worker: detections, decisions and the ClickHouse sink.
+    """Run a stream worker: detections, decisions and the ClickHouse sink (in a thread; with
+    worker.sink_process: true, none: run `trainguard sink` beside the workers).
 
     With a topic namespace (--namespace shadow) it is a shadow worker: the whole detection path on
     the replayed stream, its decisions on trainguard.<namespace>.control.decisions, which no
@@ -91,4 +93,5 @@ def _create_changelogs(s: Any, cfg: WorkerConfig) -> None:
             time.sleep(delay)
 
 
-COMMANDS = [worker]
+#: the sink is the worker's: ``trainguard sink`` runs it as a process of its own.
+COMMANDS = [worker, *SINK_COMMANDS]
