@@ -104,10 +104,13 @@ class FakeCluster:
 
     def __init__(self) -> None:
         self.launched: list[LaunchSpec] = []
+        #: the CPUs each launch was pinned to (BaselineConfig.cpus)
+        self.cpus: list[frozenset[int] | None] = []
         self.stopped = 0
 
-    def launch(self, spec: LaunchSpec) -> JobHandle:
+    def launch(self, spec: LaunchSpec, cpus: frozenset[int] | None = None) -> JobHandle:
         self.launched.append(spec)
+        self.cpus.append(cpus)
         base = 1000 * len(self.launched)
         procs = [FakeProc(r, base + r) for r in range(spec.world_size)]
         return JobHandle(spec, cast(list[RankProcess], procs))
@@ -132,11 +135,14 @@ def test_supervisor_requeues_and_reverts_a_crash_looping_push(
     monkeypatch.setattr(baseline, "stop_job", cluster.stop)
     monkeypatch.setattr(baseline, "_resume_step", lambda spec: 10)  # the latest periodic checkpoint
     spec = make_spec(tmp_path, 1, dp=2, steps=100)
-    cfg = BaselineConfig(port_base=29000, timeout_s=5, checkpoint_every=10, startup_timeout_s=60)
+    cfg = BaselineConfig(
+        port_base=29000, timeout_s=5, checkpoint_every=10, startup_timeout_s=60, cpus=frozenset({1})
+    )
     now = [0.0]
     sup = BaselineSupervisor(spec, cfg, clock=lambda: now[0]).start(background=False)
     first = cluster.launched[0]
     assert (first.master_port, first.checkpoint_every, first.nan_check) == (29000, 10, True)
+    assert cluster.cpus == [frozenset({1})]  # the baseline's own CPUs, never the other job's
     inject_fault(tmp_path, "machine-1", "hang", persistent=True)
 
     def at(t: float, step: int | None = None, status: str = "running") -> None:
@@ -171,6 +177,7 @@ def test_supervisor_requeues_and_reverts_a_crash_looping_push(
     assert [i["rollback"] for i in incs] == [None, None, None, "v2-buggy->v1"]
     assert codever.current_version(tmp_path) == "v1"
     assert [s.master_port for s in cluster.launched] == [29000, 29001, 29002, 29003, 29004]
+    assert cluster.cpus == [frozenset({1})] * 5  # every requeue too
     assert all(i["resumed_at"] is None for i in incs[1:])
     assert (incs[2]["stalled_since"], incs[2]["stalled_step"], incs[2]["lost_steps"]) == (27.0, None, 0)
     at(150.0, 0, "starting")
