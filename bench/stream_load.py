@@ -93,13 +93,14 @@ def _sum(text: str | None, pattern: str) -> float:
     return sum(float(m) for m in re.findall(pattern, text, re.M))
 
 
-def lag_of(port: int, metric: str = "trainguard_consumer_lag") -> float:
-    return _sum(_metrics(port), rf"^{metric}\{{[^}}]*\}} (\S+)$")
+def lag_of(port: int, metric: str = "trainguard_consumer_lag", text: str | None = None) -> float:
+    """The sum of ``metric`` over its labels, from ``text`` or else a fresh read of /metrics."""
+    return _sum(text if text is not None else _metrics(port), rf"^{metric}\{{[^}}]*\}} (\S+)$")
 
 
-def processed_of(port: int) -> float:
+def processed_of(text: str | None) -> float:
     """Events the worker's agents processed (the sink's own count, ``agent="sink"``, left out)."""
-    return _sum(_metrics(port), r'^trainguard_agent_events_total\{agent="(?!sink")[^"]*"\} (\S+)$')
+    return _sum(text, r'^trainguard_agent_events_total\{agent="(?!sink")[^"]*"\} (\S+)$')
 
 
 def start_worker(
@@ -345,14 +346,15 @@ class Mark:
 
 
 def mark(pid: int, core: int | None, produced: int, port: int, sink_pid: int | None = None) -> Mark:
+    text = _metrics(port)  # one read for the lag and the processed count
     return Mark(
         time.monotonic(),
         cpu_seconds(pid),
         time.process_time(),  # this process, all its threads: producer, watcher, lag polling
         core_busy_seconds(core) if core is not None else math.nan,
         produced,
-        lag_of(port),
-        processed_of(port),
+        lag_of(port, text=text),
+        processed_of(text),
         cpu_seconds(sink_pid) if sink_pid is not None else math.nan,
     )
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,17 +146,8 @@ def _register_web(ctx: WorkerContext, sink: SinkThread | None) -> None:
 
     @app.page("/healthz")
     async def healthz(web: Any, request: Any) -> Any:
-        stalled = ctx.metrics.stalled_agents(ctx.cfg.liveness_stall_s, ctx.started_at, sink is not None)
-        if sink is not None and sink.ident is not None and not sink.is_alive() and "sink" not in stalled:
-            stalled.append("sink")  # its thread ended while the worker runs
-        body = {
-            "ok": not stalled,
-            "stalled_agents": stalled,
-            "lag": ctx.metrics.total_lag(),
-            "sink_lag": ctx.metrics.total_sink_lag() if sink is not None else None,
-            "uptime_s": round(time.time() - ctx.started_at, 1),
-        }
-        return web.json(body, status=200 if not stalled else 503)
+        body = ctx.metrics.health(ctx.cfg.liveness_stall_s, ctx.started_at, sink)
+        return web.json(body, status=200 if body["ok"] else 503)
 
 
 def _register_lag(ctx: WorkerContext) -> None:

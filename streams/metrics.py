@@ -11,9 +11,11 @@ loop stopped going round (a hung call, a dead thread) with records waiting is st
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -147,6 +149,23 @@ class WorkerMetrics:
         if sink and self.total_sink_lag() > 0 and quiet(SINK):
             stalled.append(SINK)
         return sorted(stalled)
+
+    def health(
+        self, stall_s: float, started_at: float, sink: threading.Thread | None, agents: bool = True
+    ) -> dict[str, Any]:
+        """The ``/healthz`` document (``ok`` false: answer 503) of a worker or of ``trainguard
+        sink``.  ``sink``: the sink's thread when this process runs one (a thread that ended after
+        it started makes the sink stalled); ``agents``: this process runs the agents (their lag
+        is reported)."""
+        stalled = self.stalled_agents(stall_s, started_at, sink is not None)
+        if sink is not None and sink.ident is not None and not sink.is_alive() and SINK not in stalled:
+            stalled.append(SINK)  # its thread ended while the process runs
+        doc: dict[str, Any] = {"ok": not stalled, "stalled_agents": stalled}
+        if agents:
+            doc["lag"] = self.total_lag()
+        doc["sink_lag"] = self.total_sink_lag() if sink is not None else None
+        doc["uptime_s"] = round(time.time() - started_at, 1)
+        return doc
 
 
 @dataclass

@@ -44,16 +44,8 @@ def _web(
             if self.path == "/metrics":
                 self._send(200, generate_latest(metrics.registry), "text/plain; version=0.0.4")
             elif self.path == "/healthz":
-                stalled = metrics.stalled_agents(stall_s, started_at, sink=True)
-                if not runner.is_alive() and "sink" not in stalled:
-                    stalled.append("sink")
-                doc = {
-                    "ok": not stalled,
-                    "stalled_agents": stalled,
-                    "sink_lag": metrics.total_sink_lag(),
-                    "uptime_s": round(time.time() - started_at, 1),
-                }
-                self._send(200 if not stalled else 503, json.dumps(doc).encode(), "application/json")
+                doc = metrics.health(stall_s, started_at, runner, agents=False)
+                self._send(200 if doc["ok"] else 503, json.dumps(doc).encode(), "application/json")
             else:
                 self._send(404, b"not found: /metrics, /healthz\n", "text/plain")
 
