@@ -25,7 +25,9 @@ from detectors.keyed_state import PathState
 from detectors.routing import DetectionPath
 from infra.config import Settings
 from infra.sink import SinkThread
+from schemas.topics import namespaced
 from streams import jobs as job_specs
+from streams import priority
 from streams.agents import aggregation, control, decide, inspection, training
 from streams.config import WorkerConfig, sink_config
 from streams.context import WorkerContext
@@ -78,7 +80,10 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
         web_host=cfg.web_host,
         producer_acks=-1,
         stream_wait_empty=False,
+        broker_max_poll_records=cfg.max_poll_records or None,
     )
+    if cfg.urgent_first:
+        priority.install(app, {namespaced(name, cfg.topic_namespace) for name in priority.BULK_TOPICS})
     ctx = WorkerContext(settings=settings, cfg=cfg, app=app)
     jobs = JobDirectory(settings.clickhouse)
     path = DetectionPath(cfg)

@@ -58,6 +58,12 @@ class WorkerConfig:
     #: quarter of the worker's CPU at 1,200 machines was the sink thread's).  The worker still
     #: leaves garbage to the sink to dead-letter, so run ``trainguard sink`` beside it.
     sink_process: bool = False
+    #: hand the agents what is buffered on urgent topics (log lines, exits, detections, decisions,
+    #: stack dumps...) before bulk telemetry (GPU, host, NIC, step samples): :mod:`streams.priority`.
+    urgent_first: bool = True
+    #: at most this many records per fetch round (Faust's ``broker_max_poll_records``; 0: all that
+    #: is buffered): how long an urgent record can wait for the round before it to be delivered.
+    max_poll_records: int = field(default=100, metadata=bounds(0, 1_000_000))
     sink: SinkConfig = field(default_factory=SinkConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
