@@ -404,7 +404,7 @@ def run(
         "max_lag": max(lags) if lags else float("nan"),
         "keeps_up": float(final_lag < 2 * per_s),
         "xid_p50_s": statistics.median(lat) if lat else float("nan"),
-        "xid_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"),
+        "xid_p99_s": p99(lat),
         "xid_lost": len(injected),
         "workers": workers,
         "burst": burst,
@@ -421,6 +421,11 @@ def run(
     }
 
 
+def p99(xs: list[float]) -> float:
+    """The 99th percentile of ``xs`` (sorted), nearest rank; NaN for none."""
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else math.nan
+
+
 def hop_quantiles(hops: list[tuple[float, float, float]]) -> dict[str, dict[str, float]]:
     """p50 and p99 of each hop of the Xid path: the line to its detection being sent (the
     inspection agent), the detection to the decision being sent (the decide agent), the decision
@@ -430,7 +435,7 @@ def hop_quantiles(hops: list[tuple[float, float, float]]) -> dict[str, dict[str,
         xs = sorted(h[i] for h in hops if not math.isnan(h[i]))
         out[name] = {
             "p50": statistics.median(xs) if xs else math.nan,
-            "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else math.nan,
+            "p99": p99(xs),
         }
     return out
 
