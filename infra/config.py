@@ -212,6 +212,12 @@ class StackConfig:
     slurm_ctld_port: int = field(default=16817, metadata=_PORT)
     #: node nX's slurmd listens on ``slurm_first_node_port + X - 1``.
     slurm_first_node_port: int = field(default=17001, metadata=_PORT)
+    #: the private Kubernetes control plane of ``stack up --k8s`` (nodes n1..nN, kwok-managed).
+    k8s_nodes: int = field(default=12, metadata=bounds(1, 500))
+    k8s_etcd_port: int = field(default=12379, metadata=_PORT)
+    k8s_apiserver_port: int = field(default=16443, metadata=_PORT)
+    #: where the built control-plane binaries are; empty: ``<cache_dir>/k8s-<version>/bin``.
+    k8s_bin_dir: str = ""
 
     @property
     def home_path(self) -> Path:

@@ -44,7 +44,14 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # Every role at once for a developer: the product with the node extra, the test tools, and the
   # demo (its own distribution beside the product; it brings torch).
-  .venv/bin/python -m pip install -q -e ".[node,dev]" -e ./demo
+  .venv/bin/python -m pip install -q -e ".[node,dev,k8s]" -e ./demo
   echo "$want" > "$stamp"
+fi
+# The Kubernetes control plane of `trainguard stack up --k8s` (and its tests), built from Go modules
+# once per machine into ~/.cache/trainguard (minutes cold; a no-op once built).
+if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then
+  .venv/bin/python -m infra.stack.k8s --build
+else
+  echo "setup: no Go toolchain: the Kubernetes control plane (stack up --k8s) is not built"
 fi
 echo "setup: ready (.venv/bin/trainguard)"

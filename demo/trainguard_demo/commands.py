@@ -1,7 +1,8 @@
 """The demo's commands, added to ``trainguard`` through the ``trainguard.commands`` entry point:
 
 * ``trainguard demo`` -- the end-to-end demo (a real PyTorch job on a local process cluster, or
-  with ``--cluster slurm`` a batch job on the stack's private Slurm);
+  with ``--cluster slurm`` a batch job on the stack's private Slurm, with ``--cluster k8s`` pods on
+  its private Kubernetes);
 * ``trainguard inject`` -- inject a fault into a machine of a running demo;
 * ``trainguard demo-exporter`` -- the node exporter of a demo machine (simulated GPUs);
 * ``trainguard demo-diagnose`` -- the real stop-time tests on local subprocess "machines".
@@ -38,11 +39,12 @@ from trainguard.context import friendly_errors, settings
 )
 @click.option(
     "--cluster",
-    type=click.Choice(["local", "slurm"]),
+    type=click.Choice(["local", "slurm", "k8s"]),
     default="local",
     show_default=True,
     help="local: machines are process groups on this host; slurm: nodes of the stack's private "
-    "Slurm (started with it), recovery through the slurm executor.",
+    "Slurm (started with it), recovery through the slurm executor; k8s: nodes of the stack's private "
+    "Kubernetes (started with it), ranks in pods, recovery through the kubernetes executor.",
 )
 @click.pass_context
 @friendly_errors
@@ -57,11 +59,14 @@ def demo(
     """Run a real PyTorch job on a local cluster through injected faults; print timeline and ETTR."""
     from trainguard_demo.report import print_timeline
     from trainguard_demo.run import DEFAULT_SCENARIO, Demo, DemoConfig
+    from trainguard_demo.k8s_demo import K8S_SCENARIO, K8sDemo, print_k8s
     from trainguard_demo.slurm_demo import SLURM_SCENARIO, SlurmDemo, print_slurm
 
-    if cluster == "slurm" and baseline:
-        raise click.UsageError("--baseline runs on the local cluster only (drop it with --cluster slurm)")
-    scenario = DEFAULT_SCENARIO if cluster == "local" else SLURM_SCENARIO
+    if cluster != "local" and baseline:
+        raise click.UsageError(
+            f"--baseline runs on the local cluster only (drop it with --cluster {cluster})"
+        )
+    scenario = {"local": DEFAULT_SCENARIO, "slurm": SLURM_SCENARIO, "k8s": K8S_SCENARIO}[cluster]
     if scenario_file:
         scenario = yaml.safe_load(Path(scenario_file).read_text())
         if not isinstance(scenario, list) or not all(isinstance(i, dict) and "fault" in i for i in scenario):
@@ -72,6 +77,8 @@ def demo(
 
     if cluster == "slurm":
         d: Demo = SlurmDemo(settings(ctx), DemoConfig(baseline=False), scenario)
+    elif cluster == "k8s":
+        d = K8sDemo(settings(ctx), DemoConfig(baseline=False), scenario)
     else:
         d = Demo(settings(ctx), DemoConfig(baseline=baseline is not False), scenario)
 
@@ -89,6 +96,7 @@ def demo(
             d.stop()
     print_timeline(summary)
     print_slurm(summary)
+    print_k8s(summary)
     if summary_json:
         Path(summary_json).write_text(json.dumps(summary, indent=2))
     missed = [i["fault"] for i in summary["incidents"] if not i["recovered"]]

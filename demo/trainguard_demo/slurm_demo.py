@@ -171,7 +171,7 @@ wait $exporters
         (self.cluster / "jobs").mkdir(parents=True, exist_ok=True)
         write_atomic(base_spec_path(self.cluster, self.job), spec.to_json())
         write_atomic(self.cluster / "jobs" / f"{self.job}.json", spec.to_json())
-        self._write_reference()
+        write_reference(self.cluster)
         env = {"TRAINGUARD_CONFIG": str(self._config_file())}
         self._spawn("worker", [*self._tg(), "worker"], env)
         self._spawn("actions", [*self._tg(), "actions", "run"], env)
@@ -191,16 +191,6 @@ wait $exporters
                 f"`scontrol show job {self.slurm_job_id}`"
             )
         return spec
-
-    def _write_reference(self) -> None:
-        """The known-good alignment digest, computed here (the demo host counts as healthy)."""
-        out = subprocess.run(
-            [_PYTHON, "-m", "trainguard_demo.diagnostics", "alignment"],
-            capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        path = reference_path(self.cluster)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, out.stdout.strip().splitlines()[-1])
 
     def spec(self) -> LaunchSpec:
         try:
@@ -239,6 +229,17 @@ wait $exporters
                     break
                 time.sleep(1)
         super().stop()
+
+
+def write_reference(cluster: Path) -> None:
+    """The known-good alignment digest, computed here (the demo host counts as healthy)."""
+    out = subprocess.run(
+        [_PYTHON, "-m", "trainguard_demo.diagnostics", "alignment"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    path = reference_path(cluster)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, out.stdout.strip().splitlines()[-1])
 
 
 def print_slurm(summary: dict[str, Any], echo: Any = click.echo) -> None:

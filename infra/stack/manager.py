@@ -1,6 +1,7 @@
 """``trainguard stack up | down | status | reset``: the embedded Kafka + ClickHouse stack.
 
-With ``--slurm`` the stack also runs a private local Slurm cluster (:mod:`infra.stack.slurm`).
+With ``--slurm`` the stack also runs a private local Slurm cluster (:mod:`infra.stack.slurm`), with
+``--k8s`` a private Kubernetes control plane (:mod:`infra.stack.k8s`).
 
 ``up`` is idempotent: servers already running are left alone, then the registry's topics and
 the ClickHouse migrations are applied (both idempotent too).  ``down`` stops only the processes
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from infra.clickhouse.store import ClickHouseStore, StoreError
 from infra.config import Settings
 from infra.signing import init_keys
 from infra.stack.clickhouse import ClickHouseServer, ping
+from infra.stack.k8s import K8sCluster
 from infra.stack.kafka import KafkaServer, broker_reachable
 from infra.stack.procs import StackError
 from infra.stack.slurm import Slurm
@@ -35,6 +38,9 @@ class UpReport:
     #: seconds until every Slurm node was idle (None: Slurm not requested).
     slurm_idle_s: float | None = None
     slurm_nodes: list[str] = field(default_factory=list)
+    #: seconds the Kubernetes control plane took (build included; None: not requested).
+    k8s_s: float | None = None
+    k8s_nodes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -44,6 +50,7 @@ class Stack:
         self.kafka = KafkaServer(settings.stack)
         self.clickhouse = ClickHouseServer(settings.stack)
         self.slurm = Slurm(settings.stack)
+        self.k8s = K8sCluster(settings.stack)
 
     def _require_embedded(self) -> None:
         if not self.settings.stack.embedded:
@@ -52,8 +59,15 @@ class Stack:
                 "there is no local stack to start or stop"
             )
 
-    def up(self, slurm: bool = False, slurm_nodes: int | None = None) -> UpReport:
-        """Start Kafka and ClickHouse (and, with ``slurm``, the private Slurm cluster)."""
+    def up(
+        self,
+        slurm: bool = False,
+        slurm_nodes: int | None = None,
+        k8s: bool = False,
+        k8s_nodes: int | None = None,
+        progress: Callable[[str], None] = print,
+    ) -> UpReport:
+        """Start Kafka and ClickHouse (with ``slurm`` the private Slurm, with ``k8s`` Kubernetes)."""
         self._require_embedded()
         t0 = time.monotonic()
         report = UpReport()
@@ -65,6 +79,9 @@ class Stack:
         self.kafka.check_ports()
         if slurm:
             self.slurm.check_ports()
+        if k8s:
+            self.k8s = K8sCluster(self.settings.stack, nodes=k8s_nodes)
+            self.k8s.check_ports()
         # Start both first, then wait: the JVM's start-up overlaps ClickHouse's.
         if self.clickhouse.start():
             report.started.append("clickhouse")
@@ -77,6 +94,11 @@ class Stack:
             report.started += self.slurm.start()
             report.slurm_idle_s = self.slurm.wait_idle(timeout)
             report.slurm_nodes = self.slurm.cfg.node_names
+        if k8s:
+            t1 = time.monotonic()
+            report.started += self.k8s.start(progress)
+            report.k8s_s = time.monotonic() - t1
+            report.k8s_nodes = self.k8s.cfg.node_names
         report.topics_created = create_topics(self.settings.kafka)
         store = ClickHouseStore(self.settings.clickhouse)
         try:
@@ -93,7 +115,8 @@ class Stack:
 
     def down(self) -> list[str]:
         self._require_embedded()
-        stopped = self.slurm.stop()
+        stopped = self.k8s.stop()
+        stopped += self.slurm.stop()
         if self.kafka.stop():
             stopped.append("kafka")
         if self.clickhouse.stop():
@@ -103,7 +126,7 @@ class Stack:
     def reset(self) -> list[str]:
         stopped = self.down()
         home = self.settings.stack.home_path
-        for sub in ("kafka", "clickhouse", "slurm"):
+        for sub in ("kafka", "clickhouse", "slurm", "k8s"):
             shutil.rmtree(home / sub, ignore_errors=True)
         return stopped
 
@@ -128,6 +151,9 @@ class Stack:
             out["slurm"] = self.slurm.status()
             if out["slurm"]["running"]:
                 out["healthy"] = out["healthy"] and out["slurm"]["healthy"]
+            out["k8s"] = self.k8s.status()
+            if out["k8s"]["running"]:
+                out["healthy"] = out["healthy"] and out["k8s"]["healthy"]
         if ch_ok:
             try:
                 store = ClickHouseStore(s.clickhouse)

@@ -13,7 +13,7 @@ from trainguard.context import friendly_errors, settings
 
 @click.group()
 def stack() -> None:
-    """Start, stop and inspect the embedded Kafka + ClickHouse stack (and an optional local Slurm)."""
+    """Start, stop and inspect the embedded Kafka + ClickHouse stack (optional: local Slurm, Kubernetes)."""
 
 
 @stack.command()
@@ -26,14 +26,28 @@ def stack() -> None:
     default=None,
     help="Number of Slurm nodes n1..nN (default: stack.slurm_nodes, 6).",
 )
+@click.option(
+    "--k8s",
+    is_flag=True,
+    help="Also start a private Kubernetes control plane (etcd, kube-apiserver, scheduler, "
+    "controller-manager, kwok nodes; built from Go modules the first time).",
+)
+@click.option(
+    "--k8s-nodes",
+    type=click.IntRange(1, 500),
+    default=None,
+    help="Number of Kubernetes nodes n1..nN (default: stack.k8s_nodes, 12).",
+)
 @click.pass_context
 @friendly_errors
-def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None) -> None:
+def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_nodes: int | None) -> None:
     """Start Kafka (KRaft) and ClickHouse, create topics, apply migrations (idempotent)."""
     if slurm_nodes is not None and not slurm:
         raise click.UsageError("--slurm-nodes needs --slurm")
+    if k8s_nodes is not None and not k8s:
+        raise click.UsageError("--k8s-nodes needs --k8s")
     st = Stack(settings(ctx))
-    report = st.up(slurm=slurm, slurm_nodes=slurm_nodes)
+    report = st.up(slurm=slurm, slurm_nodes=slurm_nodes, k8s=k8s, k8s_nodes=k8s_nodes, progress=click.echo)
     started = ", ".join(report.started) or "nothing (already running)"
     click.echo(f"started: {started}")
     if report.topics_created:
@@ -45,6 +59,11 @@ def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None) -> None:
             f"slurm: {len(report.slurm_nodes)} node(s) idle ({report.slurm_idle_s:.1f}s); "
             f"export SLURM_CONF={st.slurm.conf_file}"
         )
+    if report.k8s_s is not None:
+        click.echo(
+            f"k8s: {len(report.k8s_nodes)} node(s) Ready ({report.k8s_s:.1f}s); "
+            f"export KUBECONFIG={st.k8s.admin_kubeconfig}"
+        )
     click.echo(f"stack healthy in {report.seconds:.1f}s")
 
 
@@ -52,7 +71,7 @@ def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None) -> None:
 @click.pass_context
 @friendly_errors
 def down(ctx: click.Context) -> None:
-    """Stop this stack home's Kafka, ClickHouse and Slurm processes (and nothing else)."""
+    """Stop this stack home's Kafka, ClickHouse, Slurm and Kubernetes processes (and nothing else)."""
     stopped = Stack(settings(ctx)).down()
     click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
@@ -65,7 +84,9 @@ def reset(ctx: click.Context, yes: bool) -> None:
     """Stop the stack and delete its data (topics, tables) under the stack home."""
     s = settings(ctx)
     if not yes:
-        click.confirm(f"Delete all Kafka, ClickHouse and Slurm data under {s.stack.home_path}?", abort=True)
+        click.confirm(
+            f"Delete all Kafka, ClickHouse, Slurm and Kubernetes data under {s.stack.home_path}?", abort=True
+        )
     stopped = Stack(s).reset()
     click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}; data deleted")
 
@@ -88,6 +109,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
         if sl.get("running"):
             nodes = " ".join(f"{n['name']}={n['state']}" for n in sl["nodes"]) or sl.get("error", "")
             click.echo(f"slurm       {ok[sl['healthy']]:8} {nodes}")
+        k8 = st.get("k8s") or {}
+        if k8.get("running"):
+            nodes = " ".join(
+                n["name"] + ("" if n["ready"] else "=NotReady") + ("=cordoned" if n["cordoned"] else "")
+                for n in k8["nodes"]
+            )
+            click.echo(f"k8s         {ok[k8['healthy']]:8} {k8['server']} {nodes or k8.get('error', '')}")
+            click.echo(f"            KUBECONFIG={k8['kubeconfig']}")
         if st.get("home"):
             click.echo(f"home        {st['home']}")
     ctx.exit(0 if st["healthy"] else 1)

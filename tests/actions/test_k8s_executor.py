@@ -1,0 +1,294 @@
+"""The kubernetes executor against a real API server (the stack's own, in a private home).
+
+kube-apiserver, etcd, the scheduler and the controller manager are real; kwok plays the
+kubelets and the stack's pod runner runs each pod's command as a process, so "the job's pods are
+gone" is checked on the processes too.  The executor authenticates as the local stack's
+``trainguard-executor`` user, which has exactly the roles ``infra/deploy/k8s/base/rbac.yaml``
+grants a deployment's action service -- so these tests also prove those roles are enough, and
+``test_rbac_denies_the_rest`` that they are not more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actions.errors import PermanentError, TemporaryError
+from actions.executors.base import ExecutorEnv, StepContext
+from actions.executors.kubernetes import (
+    EVICT_TAINT,
+    EVICTED_BY,
+    KubernetesExecutor,
+    KubernetesExecutorConfig,
+    classify,
+)
+from infra.stack.k8s import K8sCluster
+from schemas.base import now_ms
+from schemas.control import JobSpec
+from schemas.topology import JobTopology
+from tests.k8s_fixture import admin, restore_nodes
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+TRAIN_POD = Path(__file__).resolve().parents[1] / "fixtures" / "k8s" / "train_pod.py"
+
+
+def ctx(step: str, decision: str = "", seconds: float = 30.0, category: str = "") -> StepContext:
+    return StepContext(
+        decision_id=decision or f"dec-{uuid.uuid4().hex[:8]}",
+        step=step,
+        attempt=1,
+        deadline=time.monotonic() + seconds,
+        category=category,
+    )
+
+
+def make_spec(job: str, active: list[str], standbys: list[str] | None = None) -> JobSpec:
+    topo = JobTopology(job=job, tp=1, pp=1, dp=len(active), ranks_per_machine=1, machines=active)
+    return JobSpec(job=job, ts_ms=now_ms(), topology=topo, standbys=standbys or [])
+
+
+def template(out: Path) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"trainguard.io/local-run": "true"}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "local", "command": [sys.executable, str(TRAIN_POD), str(out)]}
+            ]
+        },
+    }
+
+
+@pytest.fixture
+def job(k8s_cluster: K8sCluster, tmp_path: Path) -> Any:
+    out = tmp_path / "beats"
+    out.mkdir()
+    cfg = KubernetesExecutorConfig(
+        kubeconfig=str(k8s_cluster.executor_kubeconfig),
+        pod_template=template(out),
+        standby_command=[sys.executable, str(TRAIN_POD), str(out), "--standby"],
+        diagnostic_commands={"ok": ["true"], "broken": [sys.executable, "-c", "raise SystemExit(3)"]},
+        grace_period_s=5,
+        poll_s=0.1,
+    )
+    ex = KubernetesExecutor(cfg, ExecutorEnv(state_dir=tmp_path / "state"))
+    name = f"job-{uuid.uuid4().hex[:6]}"
+    yield name, ex, out
+    # Leave the cluster as found: this job's pods gone, nodes uncordoned.
+    core = admin(k8s_cluster)
+    core.delete_collection_namespaced_pod(
+        "training", label_selector=f"trainguard.io/job={name}", grace_period_seconds=0
+    )
+    wait_until(
+        lambda: not core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={name}").items,
+        30,
+        f"the pods of {name} to go",
+    )
+    restore_nodes(k8s_cluster)
+    ex.close()
+
+
+def beat(out: Path, node: str, role: str = "train") -> dict[str, Any] | None:
+    try:
+        return json.loads((out / f"{node}.{role}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_evict_cordons_taints_and_a_standby_takes_the_rank(k8s_cluster: K8sCluster, job: Any) -> None:
+    name, ex, out = job
+    spec = make_spec(name, ["n1", "n2", "n3"])
+    ex.restart(spec, ctx("restart"))
+    for i, node in enumerate(["n1", "n2", "n3"]):
+        b = wait_until(lambda node=node: beat(out, node), 30, f"the process of {node}")
+        assert b["index"] == str(i) and b["machines"] == "n1,n2,n3" and b["restart"] == "1"
+    old_pid = beat(out, "n2")["pid"]  # type: ignore[index]
+
+    standbys = ex.provision_standbys(name, 2, ctx("replenish"))
+    assert len(standbys) == 2 and not set(standbys) & {"n1", "n2", "n3"}
+    for s in standbys:
+        wait_until(lambda s=s: beat(out, s, "standby"), 30, f"the standby process on {s}")
+    spec = make_spec(name, ["n1", "n2", "n3"], standbys)
+    assert ex.ready_standbys(spec, standbys) == standbys
+
+    decision = f"dec-{uuid.uuid4().hex[:8]}"
+    ex.stop(spec, ctx("stop", decision))
+    assert not ex.pods(name, "train")
+    evict = ctx("evict", decision, category="gpu_unavailable")
+    ex.evict(spec, ["n2"], evict)
+    node = admin(k8s_cluster).read_node("n2")
+    assert node.spec.unschedulable is True
+    # The node controller adds its own node.kubernetes.io/unschedulable taint to a cordoned node.
+    ours = [(t.key, t.value, t.effect) for t in node.spec.taints if t.key.startswith("trainguard.io")]
+    assert ours == [(EVICT_TAINT, "gpu_unavailable", "NoExecute")]
+    assert node.metadata.annotations[EVICTED_BY] == decision
+    assert not alive(old_pid), "a deleted pod's process must be gone when the pod is"
+    ex.evict(spec, ["n2"], evict)  # the same step again: a no-op
+    assert "cordon" in ex.detail(evict.op_id)
+
+    swap = ctx("swap", decision)
+    ex.activate_standbys(spec, [standbys[0]], ["n2"], swap)
+    new = make_spec(name, ["n1", standbys[0], "n3"], standbys[1:])
+    restart = ctx("restart", decision)
+    ex.restart(new, restart)
+    ex.restart(new, restart)  # idempotent: no second set of pods
+    pods = ex.pods(name, "train")
+    assert sorted(p.spec.node_selector["kubernetes.io/hostname"] for p in pods) == sorted(
+        new.topology.machines
+    )
+    b = wait_until(
+        lambda: (x := beat(out, standbys[0])) and x["restart"] == "2" and x,
+        30,
+        "the rank on the standby's node",
+    )
+    assert b["index"] == "1" and b["machines"] == f"n1,{standbys[0]},n3"
+    assert all(p.status.phase == "Running" for p in pods)
+    # The other standby is still there and still ready.
+    assert ex.ready_standbys(new, standbys[1:]) == standbys[1:]
+
+
+def test_evict_refuses_nodes_outside_the_job(k8s_cluster: K8sCluster, job: Any) -> None:
+    name, ex, _ = job
+    spec = make_spec(name, ["n1", "n2"], ["n3"])
+    with pytest.raises(PermanentError, match="not nodes of job"):
+        ex.evict(spec, ["n2", "n7"], ctx("evict"))
+    for n in ("n2", "n7"):  # nothing was touched, not even the job's own node
+        assert not admin(k8s_cluster).read_node(n).spec.unschedulable
+
+
+def test_diagnostics_run_on_an_evicted_node(k8s_cluster: K8sCluster, job: Any) -> None:
+    name, ex, _ = job
+    spec = make_spec(name, ["n4", "n5"])
+    ex.evict(spec, ["n4"], ctx("evict", category="xid"))
+    results = ex.run_diagnostics(spec, ["n4", "n5"], ["ok", "broken"], ctx("diagnose", seconds=60))
+    got = {(r.machine, r.test): (r.passed, r.detail) for r in results}
+    assert got[("n4", "ok")] == (True, "exit 0") and got[("n5", "ok")] == (True, "exit 0")
+    assert got[("n4", "broken")] == (False, "exit 3") and got[("n5", "broken")][0] is False
+    assert not [p for p in ex.pods(name) if p.metadata.labels["trainguard.io/role"] == "diag"]
+    with pytest.raises(PermanentError, match="no replay_command"):
+        ex.run_replay(spec, [["n5"]], ctx("replay"))
+
+
+def test_hot_update_reaches_the_restarted_pods(k8s_cluster: K8sCluster, job: Any) -> None:
+    name, ex, out = job
+    spec = make_spec(name, ["n6"])
+    ex.hot_update(spec, "v2", ctx("hot_update"))
+    ex.hot_update(spec, "v2", ctx("hot_update"))  # again: patched, not a conflict
+    assert ex.code_version(name) == "v2"
+    ex.restart(spec, ctx("restart"))
+    b = wait_until(lambda: beat(out, "n6"), 30, "the rank")
+    assert b["version"] == "v2"
+    ex.hot_update(spec, "v1", ctx("rollback"))
+    ex.restart(spec, ctx("restart-2"))  # no stop before: the old pod is replaced
+    wait_until(lambda: (x := beat(out, "n6")) and x["version"] == "v1", 30, "the rolled-back rank")
+    assert len(ex.pods(name, "train")) == 1
+
+
+def test_errors_are_classified(k8s_cluster: K8sCluster, job: Any, tmp_path: Path) -> None:
+    name, ex, _ = job
+    # An invalid pod (no image): the API's 422, permanent, its message quoted.
+    bad = KubernetesExecutor(
+        KubernetesExecutorConfig(
+            kubeconfig=str(k8s_cluster.executor_kubeconfig),
+            pod_template={"spec": {"containers": [{"name": "main", "command": ["true"]}]}},
+        ),
+        ExecutorEnv(state_dir=tmp_path / "bad"),
+    )
+    with pytest.raises(PermanentError, match=r"422.*image"):
+        bad.restart(make_spec(name, ["n7"]), ctx("restart"))
+    bad.close()
+    # A node that does not exist: 404, permanent.
+    with pytest.raises(PermanentError, match="404"):
+        ex.evict(make_spec(name, ["n99"]), ["n99"], ctx("evict"))
+    # The API server unreachable: temporary.
+    kc = tmp_path / "dead.kubeconfig"
+    kc.write_text(
+        k8s_cluster.executor_kubeconfig.read_text().replace(k8s_cluster.server, "https://127.0.0.1:1")
+    )
+    dead = KubernetesExecutor(
+        KubernetesExecutorConfig(kubeconfig=str(kc), api_timeout_s=2), ExecutorEnv(tmp_path / "d")
+    )
+    with pytest.raises(TemporaryError, match="unreachable"):
+        dead.stop(make_spec(name, ["n1"]), ctx("stop"))
+    dead.close()
+
+
+def test_classify_statuses() -> None:
+    class Exc:
+        def __init__(self, status: int) -> None:
+            self.status, self.reason, self.body = status, "r", json.dumps({"message": f"m{status}"})
+
+    assert isinstance(classify(Exc(403), "x"), PermanentError)
+    assert isinstance(classify(Exc(422), "x"), PermanentError)
+    for s in (409, 429, 500, 503):
+        assert isinstance(classify(Exc(s), "x"), TemporaryError)
+    assert "m403" in str(classify(Exc(403), "x"))
+
+
+def test_rbac_denies_the_rest(k8s_cluster: K8sCluster) -> None:
+    """The executor's user may do what the executor needs and nothing else."""
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    api = config.new_client_from_config(config_file=str(k8s_cluster.executor_kubeconfig))
+    core, authz = client.CoreV1Api(api), client.AuthorizationV1Api(api)
+
+    def can(verb: str, resource: str, namespace: str = "", sub: str = "") -> bool:
+        review = authz.create_self_subject_access_review(
+            {
+                "spec": {
+                    "resourceAttributes": {
+                        "verb": verb, "resource": resource, "namespace": namespace, "subresource": sub
+                    }
+                }
+            }
+        )  # fmt: skip
+        return bool(review.status.allowed)
+
+    for verb in ("get", "list", "watch", "patch"):
+        assert can(verb, "nodes")
+    for verb in ("get", "list", "watch", "create", "delete"):
+        assert can(verb, "pods", "training")
+    for verb in ("get", "create", "patch"):
+        assert can(verb, "configmaps", "training")
+    denied = [
+        ("delete", "nodes", ""),
+        ("create", "nodes", ""),
+        ("update", "nodes", ""),
+        ("get", "secrets", "training"),
+        ("list", "secrets", ""),
+        ("create", "pods", "kube-system"),
+        ("delete", "pods", "default"),
+        ("patch", "pods", "training"),
+        ("delete", "configmaps", "training"),
+        ("create", "clusterrolebindings", ""),
+        ("delete", "namespaces", ""),
+        ("create", "pods/exec", "training"),
+    ]
+    for verb, resource, ns in denied:
+        res, _, sub = resource.partition("/")
+        assert not can(verb, res, ns, sub), f"{verb} {resource} in {ns or 'the cluster'} must be denied"
+    # And for real, not only in a review: the API refuses.
+    with pytest.raises(ApiException) as err:
+        core.delete_node("n8")
+    assert err.value.status == 403
+    with pytest.raises(ApiException) as err:
+        core.list_namespaced_secret("training")
+    assert err.value.status == 403
+    api.close()
