@@ -57,9 +57,9 @@ def demo(
     cluster: str,
 ) -> None:
     """Run a real PyTorch job on a local cluster through injected faults; print timeline and ETTR."""
+    from trainguard_demo.k8s_demo import K8S_SCENARIO, K8sDemo, print_k8s
     from trainguard_demo.report import print_timeline
     from trainguard_demo.run import DEFAULT_SCENARIO, Demo, DemoConfig
-    from trainguard_demo.k8s_demo import K8S_SCENARIO, K8sDemo, print_k8s
     from trainguard_demo.slurm_demo import SLURM_SCENARIO, SlurmDemo, print_slurm
 
     if cluster != "local" and baseline:

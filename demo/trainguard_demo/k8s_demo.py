@@ -26,6 +26,7 @@ uncordons them.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -290,10 +291,8 @@ class K8sDemo(Demo):
 
             api = config.new_client_from_config(config_file=str(self.k8s.admin_kubeconfig))
             apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-            try:
+            with contextlib.suppress(client.exceptions.ApiException):
                 apps.delete_namespaced_daemon_set(f"{self.job}-exporter", JOBS_NAMESPACE)
-            except client.exceptions.ApiException:
-                pass
             for sel in (f"trainguard.io/job={self.job}", f"app={self.job}-exporter"):
                 core.delete_collection_namespaced_pod(
                     JOBS_NAMESPACE, label_selector=sel, grace_period_seconds=5
