@@ -45,6 +45,7 @@ namespace pods: get/list/watch/create/delete, configmaps: get/create/patch, even
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import re
 import threading
@@ -245,15 +246,36 @@ class KubernetesExecutor:
 
     # -- protocol ------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Check the API answers and the namespace exists (logged; recoveries retry on their own)."""
+        """Check the API answers and the executor may list the jobs' pods (logged; recoveries retry
+        on their own)."""
         try:
             self._call(
-                f"read namespace {self.cfg.namespace}", None, self.core.read_namespace, self.cfg.namespace
+                f"list pods in {self.cfg.namespace}",
+                None,
+                self.core.list_namespaced_pod,
+                self.cfg.namespace,
+                limit=1,
             )
         except (TemporaryError, PermanentError) as exc:
             log.warning("kubernetes executor: %s", exc)
 
+    def _remember(self, spec: JobSpec) -> None:
+        """Record the job's latest machines and standbys: a new standby never goes to one of them."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        doc = {"machines": list(spec.topology.machines), "standbys": list(spec.standbys)}
+        tmp = self.state_dir / f".{_dns(spec.job)}.json.tmp"
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.state_dir / f"{_dns(spec.job)}.json")
+
+    def _known(self, job: str) -> set[str]:
+        try:
+            doc = json.loads((self.state_dir / f"{_dns(job)}.json").read_text())
+        except (OSError, ValueError):
+            return set()
+        return set(doc.get("machines", [])) | set(doc.get("standbys", []))
+
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
+        self._remember(spec)
         self._delete_pods(self.pods(spec.job, TRAIN, ctx), ctx)
         self._wait_gone(spec.job, TRAIN, None, ctx, self.cfg.stop_timeout_s)
 
@@ -265,6 +287,7 @@ class KubernetesExecutor:
                 f"kubernetes: refusing to evict {outside}: not nodes of job {spec.job} "
                 f"(machines and standbys: {sorted(ours)})"
             )
+        self._remember(spec)
         value = _label_value(ctx.category or "fault")
         for name in machines:
             node = self.node(name, ctx)
@@ -298,7 +321,7 @@ class KubernetesExecutor:
         got = [p.spec.node_selector.get(HOSTNAME) for p in mine if p.metadata.deletion_timestamp is None]
         need = count - len(got)
         if need > 0:
-            free = self._free_nodes(ctx)
+            free = [n for n in self._free_nodes(ctx) if n not in self._known(job)]
             if not free:
                 if not got:
                     raise PermanentError(
@@ -353,6 +376,7 @@ class KubernetesExecutor:
     def restart(self, spec: JobSpec, ctx: StepContext) -> None:
         if not self.cfg.pod_template:
             raise PermanentError("kubernetes: no pod_template configured: cannot start the job's pods")
+        self._remember(spec)
         machines = list(spec.topology.machines)
         train = self.pods(spec.job, TRAIN, ctx)
         stale = [p for p in train if (p.metadata.labels or {}).get(OP_LABEL) != ctx.op_id]
@@ -721,8 +745,6 @@ def classify(exc: Any, what: str) -> PermanentError | TemporaryError:
     body = str(getattr(exc, "body", "") or "")
     message = body
     try:
-        import json
-
         message = json.loads(body).get("message", body)
     except (ValueError, AttributeError):
         pass

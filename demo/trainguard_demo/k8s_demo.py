@@ -222,15 +222,18 @@ class K8sDemo(Demo):
             KubernetesExecutorConfig(**self.executor_options()), ExecutorEnv(self.dir / "launch")
         )
         try:
+            # The job's pods first (what its JobSet would create), then a standby on a free node
+            # of the pool, then the spec with both, signed, as the job's operator publishes it.
+            first = JobSpec(job=self.job, ts_ms=now_ms(), topology=spec.topology(), standbys=[])
+            self._wait_worker()
+            executor.restart(first, self._ctx("launch"))
             standbys = executor.provision_standbys(self.job, 1, self._ctx("standbys"))
-            job_spec = JobSpec(job=self.job, ts_ms=now_ms(), topology=spec.topology(), standbys=standbys)
-            # The demo starts the job as its operator would: the spec goes out signed.
             producer = EventProducer(self.settings.kafka, signer=signer_for(self.settings, "operator"))
-            producer.send(job_spec, JOBS)
+            producer.send(
+                JobSpec(job=self.job, ts_ms=now_ms(), topology=spec.topology(), standbys=standbys), JOBS
+            )
             producer.flush()
             producer.close()
-            self._wait_worker()
-            executor.restart(job_spec, self._ctx("launch"))
         finally:
             executor.close()
         self.echo(

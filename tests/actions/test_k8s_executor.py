@@ -163,6 +163,15 @@ def test_evict_cordons_taints_and_a_standby_takes_the_rank(k8s_cluster: K8sClust
     assert ex.ready_standbys(new, standbys[1:]) == standbys[1:]
 
 
+def test_a_standby_never_takes_a_node_of_its_job(k8s_cluster: K8sCluster, job: Any) -> None:
+    """A stopped job's nodes hold no pod, but they are still its nodes: no standby goes there."""
+    name, ex, _ = job
+    spec = make_spec(name, ["n1", "n2", "n3", "n4", "n5", "n6"])
+    ex.restart(spec, ctx("restart"))
+    ex.stop(spec, ctx("stop"))
+    assert ex.provision_standbys(name, 1, ctx("replenish")) == ["n7"]
+
+
 def test_evict_refuses_nodes_outside_the_job(k8s_cluster: K8sCluster, job: Any) -> None:
     name, ex, _ = job
     spec = make_spec(name, ["n1", "n2"], ["n3"])
