@@ -44,6 +44,7 @@ namespace pods: get/list/watch/create/delete, configmaps: get/create/patch, even
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -744,10 +745,8 @@ def classify(exc: Any, what: str) -> PermanentError | TemporaryError:
     reason = str(getattr(exc, "reason", "") or "")
     body = str(getattr(exc, "body", "") or "")
     message = body
-    try:
+    with contextlib.suppress(ValueError, AttributeError):  # the API's Status, when it sent one
         message = json.loads(body).get("message", body)
-    except (ValueError, AttributeError):
-        pass
     text = f"kubernetes: {what}: {status} {reason}: {message}"[:800]
     if status in (401, 403, 404, 422, 400, 405):
         return PermanentError(text)

@@ -69,6 +69,8 @@ def run_machine(cluster_dir: Path, job: str) -> int:
         write_atomic(cluster_dir / "jobs" / f"{job}.json", spec.to_json())
     env = {
         **os.environ,
+        # The node's exporter listens here (the DaemonSet's pod on this node).
+        "TRAINGUARD_REPORTER_SOCKET": str(cluster_dir / "machines" / _node() / "reporter.sock"),
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
