@@ -58,6 +58,13 @@ class ActionsConfig:
     spec_wait_s: float = field(default=30.0, metadata=bounds(0, 3600))
     #: main loop poll interval (also how often held/forced-update checks run).
     poll_interval_s: float = field(default=0.5, metadata=bounds(0.01, 60))
+    #: ``<namespace>/<name>`` of a Kubernetes Lease the service must hold to act (leader
+    #: election among replicas, infra/k8s/lease.py); empty: no election (one replica only).
+    leader_lease: str = ""
+    #: kubeconfig for the Lease; empty: the in-cluster service account, else ``$KUBECONFIG``.
+    leader_kubeconfig: str = ""
+    #: a leader that could not renew for this long has lost (candidates wait this long).
+    leader_lease_s: float = field(default=15.0, metadata=bounds(2, 600))
 
     # --- safety ------------------------------------------------------------------------------
     #: a decision older than this when it first arrives is dead-lettered, not acted on: after an

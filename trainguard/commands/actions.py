@@ -37,15 +37,60 @@ def _store(ctx: click.Context) -> Any:
     return open_store(settings(ctx), _config(ctx))
 
 
+def _elector(cfg: Any) -> Any:
+    """The leader elector of ``actions.leader_lease`` (None when there is no election)."""
+    if not cfg.leader_lease:
+        return None
+    namespace, _, name = cfg.leader_lease.partition("/")
+    if not namespace or not name:
+        raise click.ClickException(
+            f"actions.leader_lease must be <namespace>/<name>, not {cfg.leader_lease!r}"
+        )
+    from kubernetes import client, config
+
+    from infra.k8s.lease import LeaseElector
+
+    if cfg.leader_kubeconfig:
+        api = config.new_client_from_config(config_file=cfg.leader_kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+            api = client.ApiClient()
+        except config.ConfigException:
+            api = config.new_client_from_config()
+    lease_s = cfg.leader_lease_s
+    return LeaseElector(api, namespace, name, lease_s=lease_s, renew_s=max(1.0, lease_s / 3))
+
+
 def _run(ctx: click.Context) -> None:
     from actions.service import ActionService
 
-    service = ActionService(settings(ctx), _config(ctx))
-    stop = threading.Event()
+    cfg = _config(ctx)
+    stop, lost = threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    click.echo(f"action service up (executor {service.executor.name}, state in {service.dir})", err=True)
-    service.run(stop)
+    elector = _elector(cfg)
+    if elector is not None:
+        where = f"{elector.namespace}/{elector.name}"
+        click.echo(f"action service {elector.identity}: waiting for the leader lease {where}", err=True)
+        if not elector.acquire(
+            stop, lambda holder: click.echo(f"  lease held by {holder or 'nobody'}", err=True)
+        ):
+            return
+        click.echo(f"action service {elector.identity}: leading ({where})", err=True)
+        threading.Thread(target=elector.keep, args=(stop, lost), name="leader-lease", daemon=True).start()
+    try:
+        service = ActionService(settings(ctx), cfg)
+        click.echo(f"action service up (executor {service.executor.name}, state in {service.dir})", err=True)
+        service.run(stop)
+    finally:
+        if elector is not None and not lost.is_set():
+            elector.release()
+    if lost.is_set():
+        raise click.ClickException(
+            f"lost the leader lease {elector.namespace}/{elector.name} (not renewed for "
+            f"{elector.lease_s - elector.renew_s:.0f}s, or taken over): stopped acting; restart to stand again"
+        )
 
 
 @click.group("actions", invoke_without_command=True)
