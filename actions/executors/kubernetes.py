@@ -351,12 +351,14 @@ class KubernetesExecutor:
             time.sleep(self.cfg.poll_s)
 
     def ready_standbys(self, spec: JobSpec, standbys: list[str]) -> list[str]:
+        """Standbys whose pod is Ready on a node that can take the job's pod now."""
         pods = {
             p.spec.node_selector.get(HOSTNAME): p
             for p in self.pods(spec.job, STANDBY)
             if p.metadata.deletion_timestamp is None
         }
-        return [s for s in standbys if s in pods and _ready(pods[s])]
+        usable = {n.metadata.name for n in self.nodes() if not self.usable(n)}
+        return [s for s in standbys if s in pods and _ready(pods[s]) and s in usable]
 
     def activate_standbys(
         self, spec: JobSpec, standbys: list[str], replaces: list[str], ctx: StepContext
@@ -365,7 +367,12 @@ class KubernetesExecutor:
         if unknown:
             raise PermanentError(f"kubernetes: {unknown} are not standbys of {spec.job}")
         for name in standbys:
-            why = self.usable(self.node(name, ctx))
+            node = self.node(name, ctx)
+            why = self.usable(node)
+            if why and _transient(node):
+                # NotReady / unreachable come and go with the node's heartbeat: try again (the
+                # service's next attempt takes another ready standby first, if there is one).
+                raise TemporaryError(f"kubernetes: standby node {name} of {spec.job} is {why}", delay=5.0)
             if why:
                 raise PermanentError(f"kubernetes: standby node {name} of {spec.job} is {why}")
         pods = [
@@ -710,6 +717,18 @@ class KubernetesExecutor:
             if time.monotonic() > deadline:
                 raise TemporaryError(f"kubernetes: pods of {job} still terminating: {left}", delay=2.0)
             time.sleep(self.cfg.poll_s)
+
+
+#: taints the node lifecycle controller sets while a node's heartbeat is missing.
+_HEARTBEAT_TAINTS = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+
+
+def _transient(node: Any) -> bool:
+    """The node is unusable only for want of a heartbeat (not cordoned, no one else's taint)."""
+    if node.spec.unschedulable:
+        return False
+    hard = {t.key for t in (node.spec.taints or []) if t.effect in ("NoSchedule", "NoExecute")}
+    return hard <= _HEARTBEAT_TAINTS
 
 
 def _taint_dict(t: Any) -> dict[str, Any]:

@@ -269,6 +269,11 @@ class K8sCluster:
                     "--use-service-account-credentials=false",
                     # No token controller: tokens come from the API server's TokenRequest.
                     "--controllers=*,-serviceaccount-token",
+                    # Every node's heartbeat comes from the one kwok process, which a host busy with
+                    # the training it stands for can starve for tens of seconds: the default 50 s
+                    # grace made an idle standby node "unreachable" in a demo run.  A real
+                    # cluster keeps its own setting; here a node is lost only when it is deleted.
+                    "--node-monitor-grace-period=5m",
                 ]
             )
             started.append("kube-controller-manager")

@@ -39,7 +39,7 @@ def electors(cluster: K8sCluster, n: int) -> tuple[list[LeaseElector], list[Cloc
             lease_s=15,
             renew_s=5,
             clock=clocks[i],
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
     return out, clocks

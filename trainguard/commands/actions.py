@@ -89,7 +89,8 @@ def _run(ctx: click.Context) -> None:
     if lost.is_set():
         raise click.ClickException(
             f"lost the leader lease {elector.namespace}/{elector.name} (not renewed for "
-            f"{elector.lease_s - elector.renew_s:.0f}s, or taken over): stopped acting; restart to stand again"
+            f"{elector.lease_s - elector.renew_s:.0f}s, or taken over): stopped acting; "
+            "restart to stand again"
         )
 
 
