@@ -17,7 +17,7 @@ import pytest
 from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings, load_settings
 from infra.stack.manager import Stack
-from tests.k8s_fixture import k8s_cluster  # noqa: F401 -- one private Kubernetes per session
+from tests.k8s_fixture import k8s_cluster, k8s_job  # noqa: F401 -- one private Kubernetes per session
 
 
 @pytest.fixture(scope="session")

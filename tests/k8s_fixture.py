@@ -8,14 +8,26 @@ binaries come from ``scripts/setup.sh``'s build (cached per machine).
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from actions.executors.base import ExecutorEnv, StepContext
+from actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
 from infra.config import load_settings
 from infra.stack.k8s import K8sCluster
+from schemas.base import now_ms
+from schemas.control import JobSpec
+from schemas.topology import JobTopology
 from tests.net import free_port_range, free_ports
+from tests.waiting import wait_until
 
 NODES = 8
 #: the eviction's taint, and the one the node controller adds to a cordoned node.
@@ -64,3 +76,76 @@ def restore_nodes(cluster: K8sCluster) -> None:
             },
         }
         core.patch_node(node.metadata.name, body)
+
+
+TRAIN_POD = Path(__file__).resolve().parent / "fixtures" / "k8s" / "train_pod.py"
+
+
+def ctx(step: str, decision: str = "", seconds: float = 30.0, category: str = "") -> StepContext:
+    return StepContext(
+        decision_id=decision or f"dec-{uuid.uuid4().hex[:8]}",
+        step=step,
+        attempt=1,
+        deadline=time.monotonic() + seconds,
+        category=category,
+    )
+
+
+def make_spec(job: str, active: list[str], standbys: list[str] | None = None) -> JobSpec:
+    topo = JobTopology(job=job, tp=1, pp=1, dp=len(active), ranks_per_machine=1, machines=active)
+    return JobSpec(job=job, ts_ms=now_ms(), topology=topo, standbys=standbys or [])
+
+
+def template(out: Path) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"trainguard.io/local-run": "true"}},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "local", "command": [sys.executable, str(TRAIN_POD), str(out)]}
+            ]
+        },
+    }
+
+
+@pytest.fixture
+def k8s_job(k8s_cluster: K8sCluster, tmp_path: Path) -> Any:
+    out = tmp_path / "beats"
+    out.mkdir()
+    cfg = KubernetesExecutorConfig(
+        kubeconfig=str(k8s_cluster.executor_kubeconfig),
+        pod_template=template(out),
+        standby_command=[sys.executable, str(TRAIN_POD), str(out), "--standby"],
+        diagnostic_commands={"ok": ["true"], "broken": [sys.executable, "-c", "raise SystemExit(3)"]},
+        grace_period_s=5,
+        poll_s=0.1,
+    )
+    ex = KubernetesExecutor(cfg, ExecutorEnv(state_dir=tmp_path / "state"))
+    name = f"job-{uuid.uuid4().hex[:6]}"
+    yield name, ex, out
+    # Leave the cluster as found: this job's pods gone, nodes uncordoned.
+    core = admin(k8s_cluster)
+    core.delete_collection_namespaced_pod(
+        "training", label_selector=f"trainguard.io/job={name}", grace_period_seconds=0
+    )
+    wait_until(
+        lambda: not core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={name}").items,
+        30,
+        f"the pods of {name} to go",
+    )
+    restore_nodes(k8s_cluster)
+    ex.close()
+
+
+def beat(out: Path, node: str, role: str = "train") -> dict[str, Any] | None:
+    try:
+        return json.loads((out / f"{node}.{role}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

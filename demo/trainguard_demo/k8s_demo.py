@@ -324,6 +324,6 @@ def print_k8s(summary: dict[str, Any], echo: Any = click.echo) -> None:
     for n in k8s["nodes"]:
         state = ("Ready" if n["ready"] else "NotReady") + (",SchedulingDisabled" if n["cordoned"] else "")
         ours = [t for t in n["taints"] if t.startswith("trainguard.io/")]
-        echo(f"  {n['name']:<4} {state:<26} {' '.join(ours):<44} {n['evicted_by']}")
+        echo(f"  {n['name']:<4} {state:<26} {' '.join(ours):<48} {n['evicted_by']}")
     if k8s.get("pods"):
         echo("Pods: " + "; ".join(k8s["pods"]))

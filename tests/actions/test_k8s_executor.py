@@ -11,9 +11,6 @@ grants a deployment's action service -- so these tests also prove those roles ar
 from __future__ import annotations
 
 import json
-import os
-import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,7 @@ from typing import Any
 import pytest
 
 from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import ExecutorEnv, StepContext
+from actions.executors.base import ExecutorEnv
 from actions.executors.kubernetes import (
     EVICT_TAINT,
     EVICTED_BY,
@@ -30,89 +27,14 @@ from actions.executors.kubernetes import (
     classify,
 )
 from infra.stack.k8s import K8sCluster
-from schemas.base import now_ms
-from schemas.control import JobSpec
-from schemas.topology import JobTopology
-from tests.k8s_fixture import admin, restore_nodes
+from tests.k8s_fixture import admin, alive, beat, ctx, make_spec
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-TRAIN_POD = Path(__file__).resolve().parents[1] / "fixtures" / "k8s" / "train_pod.py"
 
-
-def ctx(step: str, decision: str = "", seconds: float = 30.0, category: str = "") -> StepContext:
-    return StepContext(
-        decision_id=decision or f"dec-{uuid.uuid4().hex[:8]}",
-        step=step,
-        attempt=1,
-        deadline=time.monotonic() + seconds,
-        category=category,
-    )
-
-
-def make_spec(job: str, active: list[str], standbys: list[str] | None = None) -> JobSpec:
-    topo = JobTopology(job=job, tp=1, pp=1, dp=len(active), ranks_per_machine=1, machines=active)
-    return JobSpec(job=job, ts_ms=now_ms(), topology=topo, standbys=standbys or [])
-
-
-def template(out: Path) -> dict[str, Any]:
-    return {
-        "metadata": {"labels": {"trainguard.io/local-run": "true"}},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "local", "command": [sys.executable, str(TRAIN_POD), str(out)]}
-            ]
-        },
-    }
-
-
-@pytest.fixture
-def job(k8s_cluster: K8sCluster, tmp_path: Path) -> Any:
-    out = tmp_path / "beats"
-    out.mkdir()
-    cfg = KubernetesExecutorConfig(
-        kubeconfig=str(k8s_cluster.executor_kubeconfig),
-        pod_template=template(out),
-        standby_command=[sys.executable, str(TRAIN_POD), str(out), "--standby"],
-        diagnostic_commands={"ok": ["true"], "broken": [sys.executable, "-c", "raise SystemExit(3)"]},
-        grace_period_s=5,
-        poll_s=0.1,
-    )
-    ex = KubernetesExecutor(cfg, ExecutorEnv(state_dir=tmp_path / "state"))
-    name = f"job-{uuid.uuid4().hex[:6]}"
-    yield name, ex, out
-    # Leave the cluster as found: this job's pods gone, nodes uncordoned.
-    core = admin(k8s_cluster)
-    core.delete_collection_namespaced_pod(
-        "training", label_selector=f"trainguard.io/job={name}", grace_period_seconds=0
-    )
-    wait_until(
-        lambda: not core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={name}").items,
-        30,
-        f"the pods of {name} to go",
-    )
-    restore_nodes(k8s_cluster)
-    ex.close()
-
-
-def beat(out: Path, node: str, role: str = "train") -> dict[str, Any] | None:
-    try:
-        return json.loads((out / f"{node}.{role}.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_evict_cordons_taints_and_a_standby_takes_the_rank(k8s_cluster: K8sCluster, job: Any) -> None:
-    name, ex, out = job
+def test_evict_cordons_taints_and_a_standby_takes_the_rank(k8s_cluster: K8sCluster, k8s_job: Any) -> None:
+    name, ex, out = k8s_job
     spec = make_spec(name, ["n1", "n2", "n3"])
     ex.restart(spec, ctx("restart"))
     for i, node in enumerate(["n1", "n2", "n3"]):
@@ -163,17 +85,17 @@ def test_evict_cordons_taints_and_a_standby_takes_the_rank(k8s_cluster: K8sClust
     assert ex.ready_standbys(new, standbys[1:]) == standbys[1:]
 
 
-def test_a_standby_never_takes_a_node_of_its_job(k8s_cluster: K8sCluster, job: Any) -> None:
+def test_a_standby_never_takes_a_node_of_its_job(k8s_cluster: K8sCluster, k8s_job: Any) -> None:
     """A stopped job's nodes hold no pod, but they are still its nodes: no standby goes there."""
-    name, ex, _ = job
+    name, ex, _ = k8s_job
     spec = make_spec(name, ["n1", "n2", "n3", "n4", "n5", "n6"])
     ex.restart(spec, ctx("restart"))
     ex.stop(spec, ctx("stop"))
     assert ex.provision_standbys(name, 1, ctx("replenish")) == ["n7"]
 
 
-def test_evict_refuses_nodes_outside_the_job(k8s_cluster: K8sCluster, job: Any) -> None:
-    name, ex, _ = job
+def test_evict_refuses_nodes_outside_the_job(k8s_cluster: K8sCluster, k8s_job: Any) -> None:
+    name, ex, _ = k8s_job
     spec = make_spec(name, ["n1", "n2"], ["n3"])
     with pytest.raises(PermanentError, match="not nodes of job"):
         ex.evict(spec, ["n2", "n7"], ctx("evict"))
@@ -181,8 +103,8 @@ def test_evict_refuses_nodes_outside_the_job(k8s_cluster: K8sCluster, job: Any) 
         assert not admin(k8s_cluster).read_node(n).spec.unschedulable
 
 
-def test_diagnostics_run_on_an_evicted_node(k8s_cluster: K8sCluster, job: Any) -> None:
-    name, ex, _ = job
+def test_diagnostics_run_on_an_evicted_node(k8s_cluster: K8sCluster, k8s_job: Any) -> None:
+    name, ex, _ = k8s_job
     spec = make_spec(name, ["n4", "n5"])
     ex.evict(spec, ["n4"], ctx("evict", category="xid"))
     results = ex.run_diagnostics(spec, ["n4", "n5"], ["ok", "broken"], ctx("diagnose", seconds=60))
@@ -194,8 +116,8 @@ def test_diagnostics_run_on_an_evicted_node(k8s_cluster: K8sCluster, job: Any) -
         ex.run_replay(spec, [["n5"]], ctx("replay"))
 
 
-def test_hot_update_reaches_the_restarted_pods(k8s_cluster: K8sCluster, job: Any) -> None:
-    name, ex, out = job
+def test_hot_update_reaches_the_restarted_pods(k8s_cluster: K8sCluster, k8s_job: Any) -> None:
+    name, ex, out = k8s_job
     spec = make_spec(name, ["n6"])
     ex.hot_update(spec, "v2", ctx("hot_update"))
     ex.hot_update(spec, "v2", ctx("hot_update"))  # again: patched, not a conflict
@@ -209,8 +131,8 @@ def test_hot_update_reaches_the_restarted_pods(k8s_cluster: K8sCluster, job: Any
     assert len(ex.pods(name, "train")) == 1
 
 
-def test_errors_are_classified(k8s_cluster: K8sCluster, job: Any, tmp_path: Path) -> None:
-    name, ex, _ = job
+def test_errors_are_classified(k8s_cluster: K8sCluster, k8s_job: Any, tmp_path: Path) -> None:
+    name, ex, _ = k8s_job
     # An invalid pod (no image): the API's 422, permanent, its message quoted.
     bad = KubernetesExecutor(
         KubernetesExecutorConfig(
