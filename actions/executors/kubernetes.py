@@ -39,7 +39,7 @@ Kubernetes project with a release per Kubernetes minor (34.x = 1.34), kubeconfig
 service-account and token auth built in, typed models for every object we touch; its calls are
 blocking, which suits the executor (the service runs each step in a worker thread).  The RBAC it
 needs is ``infra/deploy/k8s/base/rbac.yaml`` (nodes: get/list/watch/patch; in the jobs'
-namespace pods: get/list/watch/create/delete, configmaps: get/create/patch, events).
+namespace pods: get/list/watch/create/delete, configmaps: get/create/patch).
 """
 
 from __future__ import annotations

@@ -211,6 +211,7 @@ def test_rbac_denies_the_rest(k8s_cluster: K8sCluster) -> None:
         ("create", "clusterrolebindings", ""),
         ("delete", "namespaces", ""),
         ("create", "pods/exec", "training"),
+        ("create", "events", "training"),
     ]
     for verb, resource, ns in denied:
         res, _, sub = resource.partition("/")
