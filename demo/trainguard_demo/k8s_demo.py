@@ -247,12 +247,6 @@ class K8sDemo(Demo):
             )
         return spec
 
-    def spec(self) -> LaunchSpec:
-        try:
-            return super().spec()
-        except (OSError, ValueError):
-            return LaunchSpec.from_json(base_spec_path(self.cluster, self.job).read_text())
-
     def run(self) -> dict[str, Any]:
         summary = super().run()
         summary.pop("standbys", None)  # no warm pools on Kubernetes

@@ -359,7 +359,14 @@ class Demo:
         raise click.ClickException(f"stream worker did not start; see {self.dir / 'logs' / 'worker.log'}")
 
     def spec(self) -> LaunchSpec:
-        return LaunchSpec.from_json((self.cluster / "jobs" / f"{self.job}.json").read_text())
+        try:
+            return LaunchSpec.from_json((self.cluster / "jobs" / f"{self.job}.json").read_text())
+        except (OSError, ValueError):
+            # On Slurm and Kubernetes rank 0 records the spec once it runs; until then (and while
+            # a restart rewrites it) the job's base spec, which the demo wrote at start.
+            from trainguard_demo.slurm_node import base_spec_path
+
+            return LaunchSpec.from_json(base_spec_path(self.cluster, self.job).read_text())
 
     def progress(self) -> tuple[int, float | None]:
         spec = self.spec()  # the job's current machines (a restart may have changed them)

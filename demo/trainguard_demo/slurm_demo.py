@@ -192,12 +192,6 @@ wait $exporters
             )
         return spec
 
-    def spec(self) -> LaunchSpec:
-        try:
-            return super().spec()
-        except (OSError, ValueError):
-            return LaunchSpec.from_json(base_spec_path(self.cluster, self.job).read_text())
-
     def run(self) -> dict[str, Any]:
         summary = super().run()
         summary.pop("standbys", None)  # no warm pools under Slurm
