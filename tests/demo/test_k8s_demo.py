@@ -6,17 +6,13 @@ decision in its annotation, a standby's node takes its pod) and a crash (a stop-
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra.config import Settings
 from infra.stack.k8s import K8sCluster
+from tests.demo.helpers import run_demo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -24,40 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_the_demo_on_kubernetes_cordons_the_xid_node_and_recovers_both_faults(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(
-        yaml.safe_dump(
-            [
-                {"fault": "xid", "machine": 0, "after_s": 15},
-                {"fault": "crash", "machine": 1, "after_s": 15},
-            ]
-        )
-    )
-    summary_file = tmp_path / "summary.json"
-    trainguard = str(Path(sys.executable).with_name("trainguard"))
-    res = subprocess.run(
-        [
-            trainguard,
-            "demo",
-            "--cluster",
-            "k8s",
-            "--scenario",
-            str(scenario),
-            "--summary-json",
-            str(summary_file),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=840,
-        env=os.environ.copy(),
-    )
-    out = res.stdout[-6000:] + res.stderr[-3000:]
-    assert res.returncode == 0, out
-    summary = json.loads(summary_file.read_text())
-    assert [i["fault"] for i in summary["incidents"]] == ["xid", "crash"], out
-    assert all(i["recovered"] for i in summary["incidents"]), out
-    xid = summary["incidents"][0]
-    assert xid["machine"] == "n1" and xid["action"] == "evict", out
+    summary, res = run_demo("k8s", tmp_path)
     # The summary's node table and the API server agree: n1 cordoned, tainted, annotated.
     nodes = {n["name"]: n for n in summary["k8s"]["nodes"]}
     assert (

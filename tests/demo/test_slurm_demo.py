@@ -5,17 +5,13 @@ Xid (the node is drained with the decision in its reason, a spare takes its rank
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra.config import Settings
 from infra.stack.slurm import Slurm
+from tests.demo.helpers import run_demo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -23,40 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_the_demo_under_slurm_drains_the_xid_node_and_recovers_both_faults(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(
-        yaml.safe_dump(
-            [
-                {"fault": "xid", "machine": 0, "after_s": 15},
-                {"fault": "crash", "machine": 1, "after_s": 15},
-            ]
-        )
-    )
-    summary_file = tmp_path / "summary.json"
-    trainguard = str(Path(sys.executable).with_name("trainguard"))
-    res = subprocess.run(
-        [
-            trainguard,
-            "demo",
-            "--cluster",
-            "slurm",
-            "--scenario",
-            str(scenario),
-            "--summary-json",
-            str(summary_file),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=840,
-        env=os.environ.copy(),
-    )
-    out = res.stdout[-6000:] + res.stderr[-3000:]
-    assert res.returncode == 0, out
-    summary = json.loads(summary_file.read_text())
-    assert [i["fault"] for i in summary["incidents"]] == ["xid", "crash"], out
-    assert all(i["recovered"] for i in summary["incidents"]), out
-    xid = summary["incidents"][0]
-    assert xid["machine"] == "n1" and xid["action"] == "evict", out
+    summary, res = run_demo("slurm", tmp_path)
     # The timeline's node table and Slurm agree: n1 drained by the Xid's decision, named in the reason.
     nodes = {n["node"]: n for n in summary["slurm"]["nodes"]}
     assert nodes["n1"]["state"].startswith("drain") and nodes["n1"]["reason"].startswith("trainguard "), nodes
