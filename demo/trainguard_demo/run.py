@@ -476,8 +476,21 @@ class Demo:
             injected.append(self._inject_and_wait(item))
         self._healthy_for(10.0)  # the last recovery's steps reach ClickHouse
         summary = build_summary(self._store(), self.job, injected, self.baseline)
-        summary["standbys"] = standby_readiness(self.cluster, self.cfg.ranks_per_machine)
+        extra = self.cluster_summary()
+        if extra is None:
+            summary["standbys"] = standby_readiness(self.cluster, self.cfg.ranks_per_machine)
+        else:  # a real scheduler's cluster: its own state instead of the local warm pools'
+            summary.update(extra)
         return summary
+
+    def cluster_summary(self) -> dict[str, Any] | None:
+        """The summary's section on a scheduler's cluster (Slurm, Kubernetes); None locally."""
+        return None
+
+    def _wait_first_steps(self, where: str) -> None:
+        """Wait until a job started on a scheduler's cluster trains; else fail saying where to look."""
+        if not self._wait_steps(self.cfg.settle_steps, 300, start=0):
+            raise click.ClickException(f"the job did not train within 300 s; see {where}")
 
     def _inject_and_wait(self, item: dict[str, Any]) -> dict[str, Any]:
         """Inject one scenario item (into the baseline too) and wait until it is handled."""

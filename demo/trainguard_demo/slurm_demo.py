@@ -185,18 +185,11 @@ wait $exporters
             f"{','.join(spec.machine_names())}, spares n[{c.machines + 1}-{self.nodes_total}]; "
             f"recovery through the slurm executor"
         )
-        if not self._wait_steps(c.settle_steps, 300, start=0):
-            raise click.ClickException(
-                f"the job did not train within 300 s; see {self.dir / 'logs'} and "
-                f"`scontrol show job {self.slurm_job_id}`"
-            )
+        self._wait_first_steps(f"{self.dir / 'logs'} and `scontrol show job {self.slurm_job_id}`")
         return spec
 
-    def run(self) -> dict[str, Any]:
-        summary = super().run()
-        summary.pop("standbys", None)  # no warm pools under Slurm
-        summary["slurm"] = self.slurm_state()
-        return summary
+    def cluster_summary(self) -> dict[str, Any]:
+        return {"slurm": self.slurm_state()}
 
     def slurm_state(self) -> dict[str, Any]:
         """The job and every node of its allocation as Slurm reports them now."""
