@@ -392,7 +392,12 @@ class KubernetesExecutor:
             self._delete_pods(stale, ctx)
             self._wait_gone(spec.job, TRAIN, None, ctx, self.cfg.stop_timeout_s, keep_op=ctx.op_id)
         for name in machines:
-            why = self.usable(self.node(name, ctx))
+            node = self.node(name, ctx)
+            why = self.usable(node)
+            if why and _transient(node):
+                # A new node, or one whose heartbeat is late, carries the lifecycle controller's
+                # not-ready taint for a while: try again rather than give the job up.
+                raise TemporaryError(f"kubernetes: node {name} of {spec.job} is {why}", delay=5.0)
             if why:
                 raise PermanentError(f"kubernetes: node {name} of {spec.job} is {why}: cannot restart on it")
         have = {

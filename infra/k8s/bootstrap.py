@@ -81,7 +81,13 @@ def bootstrap(cluster: K8sCluster, timeout_s: float) -> None:
                 core.create_node(node_body(cluster, name))
         while time.monotonic() < deadline:
             states = {n["name"]: n for n in node_states(cluster, api)}
-            ready = all(states.get(n, {}).get("ready") for n in cluster.cfg.node_names)
+            # Ready is not enough: the node lifecycle controller drops the not-ready taint it put
+            # on each new node a few seconds later (longer on a busy host), and until then the
+            # executor's restart refuses the node.
+            ready = all(
+                states.get(n, {}).get("ready") and not _heartbeat_tainted(states[n]["taints"])
+                for n in cluster.cfg.node_names
+            )
             try:
                 core.read_namespaced_service_account("default", JOBS_NAMESPACE)
                 has_sa = True
@@ -96,6 +102,14 @@ def bootstrap(cluster: K8sCluster, timeout_s: float) -> None:
         )
     finally:
         api.close()
+
+
+#: taints the node lifecycle controller sets while a node has no (or no fresh) Ready heartbeat.
+HEARTBEAT_TAINTS = ("node.kubernetes.io/not-ready=", "node.kubernetes.io/unreachable=")
+
+
+def _heartbeat_tainted(taints: list[str]) -> bool:
+    return any(t.startswith(HEARTBEAT_TAINTS) for t in taints)
 
 
 def node_states(cluster: K8sCluster, api: Any = None) -> list[dict[str, Any]]:
