@@ -41,6 +41,9 @@ class AggregationConfig:
     fail_slow_interval_s: float = field(default=10.0, metadata=bounds(0.1, 600))
     #: a new capture for the same job waits at least this long after the previous one.
     cooldown_s: float = field(default=60.0, metadata=bounds(0, 86_400))
+    #: the over-eviction classifier's thresholds (the fail-slow vote's significance, how many
+    #: more rounds a close vote takes, the eviction preference).
+    over_eviction: OverEvictionConfig = field(default_factory=OverEvictionConfig)
 
 
 def process_dump(d: StackDump) -> ProcessDump:
@@ -92,6 +95,10 @@ class Capture:
     #: a hang *suspicion*'s capture (asked for before the stall reached the hang threshold) is
     #: judged no earlier than when it would have become a hang.
     not_before_ms: int = 0
+    #: fail-slow: the ranks the straggler detection that asked for the capture named.
+    hint: tuple[int, ...] = ()
+    #: fail-slow: the rounds asked for before the last "more rounds" (0: none asked yet).
+    extended_from: int = 0
 
     def add(self, d: StackDump) -> None:
         self.dumps.append(d)
@@ -108,11 +115,32 @@ class Capture:
     def ready(self, now_ms: int) -> bool:
         return now_ms >= self.not_before_ms and (not self.missing() or now_ms >= self.deadline_ms)
 
+    def answered_rounds(self) -> int:
+        """How many of the leading rounds have at least one main-process dump: a round nobody
+        answered (exporters gone, a replay without it) is no evidence either way."""
+        got = {d.round for d in self.dumps if d.role is ProcessRole.MAIN and not d.error and d.rank >= 0}
+        n = 0
+        while n < self.rounds and n in got:
+            n += 1
+        return n
+
+    def may_extend(self) -> bool:
+        """Whether a "more rounds" verdict can be followed: every round asked for so far was
+        answered (else the extra rounds would not come either, and the verdict stands)."""
+        return self.rounds > 1 and self.answered_rounds() == self.rounds
+
     def analyze(self, now_ms: int, config: OverEvictionConfig | None = None) -> Detection:
-        """Run the over-eviction classifier; an eviction (or healthy) detection with the evidence."""
+        """Run the over-eviction classifier; an eviction (or healthy) detection with the evidence.
+
+        A fail-slow vote that is close says so in ``evidence.evidence.more_rounds``: the caller
+        (:meth:`Captures.extend`) captures those rounds and judges again, or emits the healthy
+        verdict as it is when :meth:`may_extend` is false."""
         topo = self.topology
         clf = OverEvictionClassifier(topo, config)
-        result = clf.analyze(rounds_from_dumps(self.dumps, self.rounds), mode="auto")
+        rounds = rounds_from_dumps(self.dumps, self.rounds)
+        if self.rounds > 1:  # fail-slow: drop the trailing rounds nobody answered
+            rounds = rounds[: max(1, self.answered_rounds())]
+        result = clf.analyze(rounds, mode="auto", hint=self.hint)
         out = result.to_dict()
         machines = [topo.machine_name(m) for m in result.evict_machines]
         out["evict"]["machine_names"] = machines
@@ -121,6 +149,7 @@ class Capture:
         out["dumps"] = len(self.dumps)
         evict = result.verdict is not Verdict.HEALTHY and bool(result.evict_ranks)
         category = {Verdict.HANG: "job_hang", Verdict.FAIL_SLOW: "fail_slow"}.get(result.verdict, "healthy")
+        more = result.evidence.more_rounds
         finding = Finding(
             kind="over_eviction",
             category=category,
@@ -135,6 +164,7 @@ class Capture:
             f"on {', '.join(machines)} (suspects {list(result.suspect_ranks)})"
             if evict
             else f"{result.verdict.value}: no group to evict"
+            + (f" yet ({more} more rounds asked for)" if more and self.may_extend() else "")
         )
         return detection_from_finding(
             finding,
@@ -235,6 +265,9 @@ class Captures:
         deadline = now_ms + int((cfg.deadline_s + (rounds - 1) * cfg.fail_slow_interval_s) * 1000)
         cap = Capture(capture_id, dec.job, topology, rounds, deadline, now_ms, dec.decision_id)
         detection = dec.evidence.get("detection", {}) if isinstance(dec.evidence, dict) else {}
+        if category in FAIL_SLOW_CATEGORIES and isinstance(detection.get("ranks"), list):
+            world = topology.world_size
+            cap.hint = tuple(sorted({r for r in detection["ranks"] if isinstance(r, int) and 0 <= r < world}))
         if detection.get("kind") in HANG_KINDS and isinstance(detection.get("source_ts_ms"), int):
             cap.stalled_since_ms = int(detection["source_ts_ms"])
             if isinstance(detection.get("confirm_at_ms"), int):
@@ -243,23 +276,46 @@ class Captures:
         self.last_capture_ms[dec.job] = now_ms
         return cap
 
-    def commands(self, cap: Capture) -> list[Command]:
-        """One ``capture_stacks`` command per machine of the capture's job."""
+    def commands(self, cap: Capture, now_ms: int | None = None) -> list[Command]:
+        """One ``capture_stacks`` command per machine of the capture's job (for the rounds from
+        ``cap.extended_from`` on, after :meth:`extend`)."""
+        first = cap.extended_from
+        args: dict[str, object] = {
+            "capture_id": cap.capture_id,
+            "rounds": cap.rounds - first,
+            "interval_s": self.config.fail_slow_interval_s,
+        }
+        if first:
+            args["first_round"] = first
         return [
             Command(
-                command_id=stable_id(cap.capture_id, node),
-                ts_ms=cap.requested_ms,
+                command_id=stable_id(cap.capture_id, node, *([str(first)] if first else [])),
+                ts_ms=cap.requested_ms if now_ms is None else now_ms,
                 kind=CommandKind.CAPTURE_STACKS,
                 node=node,
                 job=cap.job,
-                args={
-                    "capture_id": cap.capture_id,
-                    "rounds": cap.rounds,
-                    "interval_s": self.config.fail_slow_interval_s,
-                },
+                args=dict(args),
             )
             for node in cap.topology.machines
         ]
+
+    def extend(self, cap: Capture, det: Detection, now_ms: int) -> list[Command]:
+        """Follow a close fail-slow vote: re-open ``cap`` (just judged, so no longer pending) for
+        the more rounds its verdict asks for and return their commands; [] when the verdict
+        stands (it asked for none, or :meth:`Capture.may_extend` says they would not come)."""
+        analysis = det.evidence.get("evidence") if det.kind == "over_eviction" else None
+        more = analysis.get("more_rounds", 0) if isinstance(analysis, dict) else 0
+        if not isinstance(more, int) or more <= 0 or not cap.may_extend():
+            return []
+        cfg = self.config
+        cap.extended_from = cap.rounds
+        cap.rounds += more
+        cap.deadline_ms = now_ms + int((cfg.deadline_s + (more - 1) * cfg.fail_slow_interval_s) * 1000)
+        self.pending[cap.capture_id] = cap
+        answers = self._answers[cap.capture_id] = _Answers()
+        for d in cap.dumps:
+            answers.add(d)
+        return self.commands(cap, now_ms)
 
     def add(self, d: StackDump) -> bool:
         """File ``d`` under its pending capture; False if no capture of that id is pending."""

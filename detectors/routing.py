@@ -43,7 +43,7 @@ from detectors.node_anomaly import NodeAnomalyScorer
 from detectors.node_inspector import HostThresholds, NodeInspector
 from detectors.stopped_job import RecoveryStatus
 from schemas.base import Event
-from schemas.control import ActionEvent, Decision, Detection, JobSpec
+from schemas.control import ActionEvent, Command, Decision, Detection, JobSpec
 from schemas.enums import Action
 from schemas.telemetry import GpuSampleBatch
 from schemas.topics import (
@@ -278,11 +278,17 @@ class DetectionPath:
             del self.captures.last_capture_ms[cap.job]
         return cap.moot(last, now_ms)
 
-    @staticmethod
-    def analyze(cap: Capture, now_ms: int) -> Detection:
+    def analyze(self, cap: Capture, now_ms: int) -> Detection:
         """The over-eviction verdict on a closed capture; an analysis that raised asks for diagnosis
-        instead (kind ``aggregation_failed``, the error in its evidence)."""
+        instead (kind ``aggregation_failed``, the error in its evidence).  Thread-safe: it reads
+        the config and the capture only."""
         try:
-            return cap.analyze(now_ms)
+            return cap.analyze(now_ms, self.config.aggregation.over_eviction)
         except Exception as exc:  # a bad capture must not stop the stage
             return cap.failed(str(exc), now_ms)
+
+    def extend_capture(self, cap: Capture, det: Detection, now_ms: int) -> list[Command]:
+        """The commands for more rounds when ``det`` (the verdict on ``cap``) is a close fail-slow
+        vote, the capture re-opened for them; [] when ``det`` is the verdict to emit.  On the
+        event loop (it changes the pending captures)."""
+        return self.captures.extend(cap, det, now_ms)

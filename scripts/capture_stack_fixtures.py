@@ -1,6 +1,6 @@
 """Capture real py-spy stack fixtures from small gloo jobs with injected faults.
 
-For each scenario this launches ``scripts/fixture_job.py`` as ``tp*pp*dp`` (<= 8) processes on
+For each scenario this launches ``scripts/fixture_job.py`` as ``tp*pp*dp`` (<= 16) processes on
 CPU (``MASTER_ADDR=127.0.0.1``, gloo), waits until the fault has taken hold, dumps every rank
 process and its children with ``py-spy dump --pid P`` (text) and ``py-spy dump --pid P --json``
 into ``OUT/<scenario>/`` (``rank<R>_pid<P>.txt|.json``, ``rank<R>_worker<K>_pid<P>.txt|.json``),
@@ -55,6 +55,19 @@ class Scenario:
     # What the analysis should say; the group kind is ByteRobust's unit: the root's pipeline.
     expected_verdict: str = "hang"
     expected_kind: str | None = "pp"
+    # py-spy's formats to keep; the long multi-round captures keep text only (a fifth the size).
+    formats: tuple[str, ...] = ("txt", "json")
+
+
+def long_capture(name: str, tp: int, pp: int, dp: int, fault: str, rank: int, rounds: int) -> Scenario:
+    """A multi-round capture for the fail-slow significance tests and bench (text dumps only):
+    a healthy job (``fault="none"``, with checkpoints) or a slow rank, every rank computing."""
+    healthy = fault == "none"
+    return Scenario(
+        name, tp, pp, dp, 2, fault, rank, checkpoint=healthy, rounds=rounds, compute_s=0.15,
+        expected_verdict="healthy" if healthy else "fail_slow", expected_kind=None if healthy else "pp",
+        formats=("txt",),
+    )  # fmt: skip
 
 
 SCENARIOS = [
@@ -110,6 +123,15 @@ SCENARIOS = [
         expected_verdict="healthy",
         expected_kind=None,
     ),
+    # Long captures: healthy jobs at 8 and 16 ranks (a false eviction is a vote won by chance),
+    # and slow ranks, so that a bench can slide 5..15-round windows over them.
+    long_capture("tp2pp2dp2_healthy_r15", 2, 2, 2, "none", -1, 15),
+    long_capture("tp1pp4dp2_healthy_r15", 1, 4, 2, "none", -1, 15),
+    long_capture("tp2pp2dp4_healthy_r15", 2, 2, 4, "none", -1, 15),
+    long_capture("tp2pp4dp2_healthy_r15", 2, 4, 2, "none", -1, 15),
+    long_capture("tp1pp4dp2_slow_rank_r15", 1, 4, 2, "slow_rank", 5, 15),
+    long_capture("tp2pp2dp4_slow_rank_r15", 2, 2, 4, "slow_rank", 11, 15),
+    long_capture("tp1pp4dp4_slow_rank_r15", 1, 4, 4, "slow_rank", 9, 15),
 ]
 
 
@@ -137,7 +159,7 @@ def is_python(pid: int) -> bool:
         return False
 
 
-def dump_round(procs: dict[int, subprocess.Popen[bytes]], out: Path) -> None:
+def dump_round(procs: dict[int, subprocess.Popen[bytes]], out: Path, formats: tuple[str, ...]) -> None:
     """Dump every rank and its children, all processes at once per format.
 
     The On-Demand Tracer runs on every machine in parallel; dumping one process after the
@@ -150,7 +172,8 @@ def dump_round(procs: dict[int, subprocess.Popen[bytes]], out: Path) -> None:
         stems.append((proc.pid, out / f"rank{rank}_pid{proc.pid}"))
         kids = [c for c in children(proc.pid) if is_python(c)]
         stems += [(c, out / f"rank{rank}_worker{k}_pid{c}") for k, c in enumerate(kids)]
-    for suffix, extra in ((".txt", []), (".json", ["--json"])):
+    chosen = [(s, e) for s, e in ((".txt", []), (".json", ["--json"])) if s[1:] in formats]
+    for suffix, extra in chosen:
         spies = [
             (
                 pid,
@@ -226,11 +249,11 @@ def capture(sc: Scenario, out_root: Path, interval_s: float, stuck_s: float, fau
             )
         if sc.rounds == 1:
             wait_stuck(work, world, stuck_s, timeout_s=120)
-            dump_round(procs, out)
+            dump_round(procs, out, sc.formats)
         else:
             wait_steps(work, world, fault_step + 1, timeout_s=120)
             for n in range(sc.rounds):
-                dump_round(procs, out / f"round{n}")
+                dump_round(procs, out / f"round{n}", sc.formats)
                 time.sleep(interval_s)
         for r, p in procs.items():
             if p.poll() is not None:

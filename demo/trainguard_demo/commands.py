@@ -112,7 +112,7 @@ def demo(
     "--fault",
     required=True,
     help="xid, nic-down, nic-flap, gpu-lost, hang, hang-dataloader, "
-    "hang-checkpoint, slow, nan, crash, user-error, oom",
+    "hang-checkpoint, hang-p2p, slow, nan, crash, user-error, oom",
 )
 @click.option("--xid", default=79, show_default=True, help="Xid code for --fault xid.")
 @click.option(

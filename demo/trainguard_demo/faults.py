@@ -7,6 +7,8 @@ when it changes (one ``stat`` per step) and reports which faults are active at a
 ``hang``            the rank sleeps forever inside the model forward (stuck kernel)
 ``hang-dataloader`` the rank's DataLoader worker blocks; the main process waits on it forever
 ``hang-checkpoint`` the rank's checkpoint writer blocks; the next step waits for it forever
+``hang-p2p``        the rank's pipeline sends are lost: its next stage (or, from the last stage,
+                    its previous one) waits in ``recv`` forever, and so does the rank itself
 ``slow``            the rank's steps take ``factor`` times as long (a fail-slow GPU)
 ``nan``             the rank's stage output becomes NaN (loss NaN, then spreads through DP)
 ``crash``           the rank raises ``RuntimeError`` (exit 1), or dies by ``signal`` if given
@@ -40,7 +42,9 @@ from pathlib import Path
 from trainguard_demo import codever
 from trainguard_demo.config import ClusterPaths, write_atomic
 
-KINDS = ("hang", "hang-dataloader", "hang-checkpoint", "slow", "nan", "crash", "oom", "user-error")
+KINDS = (
+    "hang", "hang-dataloader", "hang-checkpoint", "hang-p2p", "slow", "nan", "crash", "oom", "user-error",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,8 @@ class DemoConfig:
     #: a stall is a hang after 3 x the p99 step time (about 2.5 s here: 0.3-0.8 s steps, up to
     #: 1.6 s when the two cores are busiest), never before 2 s nor after 6 s.
     stall_s: float = 6.0
+    #: the job's collective (gloo) timeout: what finds a hang without TrainGuard.
+    pg_timeout_s: float = 60.0
     stall_factor: float = 3.0
     min_stall_s: float = 2.0
     #: a hang's stack capture starts at this fraction of the stall threshold, so its dumps are in
@@ -287,7 +289,7 @@ class Demo:
             steps=self.cfg.steps,
             master_port=29690,
             resume=True,
-            pg_timeout_s=60.0,
+            pg_timeout_s=self.cfg.pg_timeout_s,
         )
         for machine in machines + standbys:
             self._exporter(machine)

@@ -17,11 +17,19 @@ from trainguard_demo.parallel import ParallelContext, recv, send
 
 
 def pipeline_step(
-    stage: GPTStage, ctx: ParallelContext, x: torch.Tensor, y: torch.Tensor, microbatches: int, poison: bool
+    stage: GPTStage,
+    ctx: ParallelContext,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    microbatches: int,
+    poison: bool,
+    lose_sends: bool = False,
 ) -> float | None:
     """Accumulate this step's gradients on ``stage``; the mean loss on the last stage, else None.
 
     ``poison`` (the ``nan`` fault) turns this stage's output into NaN, as a corrupted kernel would.
+    ``lose_sends`` (the ``hang-p2p`` fault) leaves out this stage's sends -- the forward ones, or
+    on the last stage the backward ones: a lost message, so both neighbours block in ``recv``.
     """
     xs, ys = x.chunk(microbatches), y.chunk(microbatches)
     d = stage.cfg.d_model
@@ -36,7 +44,7 @@ def pipeline_step(
             out = out * float("nan")
         if ctx.is_last_stage:
             out = F.cross_entropy(out.reshape(-1, out.shape[-1]), ys[mb].reshape(-1)) / microbatches
-        else:
+        elif not lose_sends:
             send(out.detach(), ctx.pp_neighbour(+1))
         inputs.append(inp)
         outputs.append(out)
@@ -48,7 +56,7 @@ def pipeline_step(
             total += float(out.detach())
         else:
             out.backward(recv(tuple(out.shape), ctx.pp_neighbour(+1)))
-        if not ctx.is_first_stage:
+        if not ctx.is_first_stage and not (lose_sends and ctx.is_last_stage):
             assert inp.grad is not None
             send(inp.grad, ctx.pp_neighbour(-1))
     return total if ctx.is_last_stage else None

@@ -193,7 +193,11 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
             stage.before_block = _fault_hook(
                 faults.active("hang", step) is not None, faults.active("oom", step) is not None
             )
-            loss = pipeline_step(stage, ctx, x, y, spec.microbatches, faults.active("nan", step) is not None)
+            loss = pipeline_step(
+                stage, ctx, x, y, spec.microbatches,
+                poison=faults.active("nan", step) is not None,
+                lose_sends=faults.active("hang-p2p", step) is not None,
+            )  # fmt: skip
             if (slow := faults.active("slow", step)) and recent_steps:
                 time.sleep((slow.factor - 1) * statistics.median(recent_steps))
             allreduce_dp_grads(stage, ctx)

@@ -3,8 +3,12 @@
 * **Hang** (one round, or several rounds in which the stacks did not move): the wait-for
   analysis of the last round names the root rank(s); the parallel group holding them is evicted.
 * **Fail-slow** (several rounds whose stacks moved; ByteRobust samples every 10 s): each round
-  whose analysis is confident flags the group holding its roots; after the configured number
-  of rounds the group flagged most is evicted if it was flagged in enough rounds.
+  whose analysis is confident flags the group holding its roots; the rank found as the root
+  most often is the suspect, and its group is evicted if it was flagged in enough rounds *and*
+  the vote is beyond chance (:mod:`detectors.stacks.significance`: a healthy job's captures
+  find roots too, wherever ranks happen to be).  A close vote asks for more rounds
+  (``Evidence.more_rounds``); a vote for a rank the triggering straggler signal named
+  (``hint``) needs less evidence than one for any rank.
 * Otherwise the job is **healthy** and nothing is evicted.
 
 The evicted group is the first kind in ``evict_preference`` (default PP, then TP, then DP)
@@ -26,6 +30,7 @@ from detectors.stacks.loader import Round
 from detectors.stacks.patterns import PatternTable, Role
 from detectors.stacks.result import Evidence, OverEvictionResult, StackClass, Vote
 from detectors.stacks.roles import StackReader
+from detectors.stacks.significance import chance_p_value
 from schemas.enums import Verdict
 from schemas.topology import Dim, JobTopology
 
@@ -49,24 +54,33 @@ class OverEvictionClassifier:
     def states(self, round_: Round) -> list[RankState]:
         return rank_states(round_, self.topology.world_size, self.reader)
 
-    def analyze(self, rounds: Sequence[Round], mode: str = "auto") -> OverEvictionResult:
+    def analyze(
+        self, rounds: Sequence[Round], mode: str = "auto", hint: Sequence[int] = ()
+    ) -> OverEvictionResult:
         """Verdict for these rounds.
 
         ``mode``: ``auto`` (one round, or rounds whose stacks did not move -> hang analysis;
         otherwise fail-slow voting), ``hang`` or ``fail_slow`` to force one procedure.
+        ``hint``: ranks the signal that asked for the capture named (a straggler detection's).
         """
         if not rounds:
             raise ValueError("no rounds of stacks to analyse")
-        return self.analyze_states([self.states(r) for r in rounds], mode)
+        return self.analyze_states([self.states(r) for r in rounds], mode, hint)
 
-    def analyze_states(self, rounds: Sequence[list[RankState]], mode: str = "auto") -> OverEvictionResult:
+    def analyze_states(
+        self, rounds: Sequence[list[RankState]], mode: str = "auto", hint: Sequence[int] = ()
+    ) -> OverEvictionResult:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
         if not rounds:
             raise ValueError("no rounds of stacks to analyse")
+        world = self.topology.world_size
+        bad = [r for r in hint if not 0 <= r < world]
+        if bad:
+            raise ValueError(f"hint ranks {bad} outside the job's {world} ranks")
         if mode == "hang" or (mode == "auto" and (len(rounds) == 1 or self._frozen(rounds))):
             return self._hang(rounds)
-        return self._fail_slow(rounds[-self.config.fail_slow_rounds :])
+        return self._fail_slow(rounds[-self.config.fail_slow_max_rounds :], tuple(sorted(set(hint))))
 
     # -- procedures -----------------------------------------------------------------------------
 
@@ -88,39 +102,54 @@ class OverEvictionClassifier:
         reason = f"{ra.reach}/{ra.world} ranks wait on rank(s) {_short(ra.roots)} ({self._why(states, ra)})"
         return self._result(Verdict.HANG, ra.roots, kind, group, states, ra, "hang", len(rounds), reason)
 
-    def _fail_slow(self, rounds: Sequence[list[RankState]]) -> OverEvictionResult:
+    def _fail_slow(self, rounds: Sequence[list[RankState]], hint: tuple[int, ...] = ()) -> OverEvictionResult:
         """Vote over rounds: the ranks most often found as roots, then the group holding them.
 
         Rounds are sampled from a job that still moves, and py-spy dumps of different ranks are
         not simultaneous, so one round's roots are noisy: a TP peer computing next to the
         straggler, or a rank already in the next step.  Counting roots per rank over the rounds
-        and then requiring the chosen group to be hit in enough rounds is robust to that noise.
+        and then requiring the chosen group to be hit in enough rounds is robust to that noise;
+        the chance p-value keeps a healthy job's momentary roots from winning the vote.
         """
-        analyses = [analyze_round(states, self.topology, self.config) for states in rounds]
+        cfg = self.config
+        world = self.topology.world_size
+        analyses = [analyze_round(states, self.topology, cfg) for states in rounds]
         confident = [ra for ra in analyses if ra.confident]
         root_counts = Counter(r for ra in confident for r in ra.roots)
         flagged = Counter(self.choose_group(ra.roots) for ra in confident)
         votes = tuple(Vote(k, g, c) for (k, g), c in flagged.most_common())
-        need = max(1, math.ceil(self.config.min_vote_fraction * len(rounds)))
+        need = max(1, math.ceil(cfg.min_vote_fraction * len(rounds)))
+        p_value: float | None = None
+        more = 0
         if root_counts:
             top = max(root_counts.values())
             suspects = tuple(sorted(r for r, c in root_counts.items() if c == top))
             kind, group = self.choose_group(suspects)
             members = set(group)
             hits = [i for i, ra in enumerate(analyses) if ra.confident and members.intersection(ra.roots)]
+            # In a healthy job a round's roots are whichever ranks were busy: a given rank is one
+            # with probability |roots| / world.  The straggler signal's ranks were named before
+            # the capture, so a vote for one of them is tested alone; any other rank competes
+            # with every rank of the job.
+            agreed = bool(hint) and not set(suspects).isdisjoint(hint)
+            candidates = len(hint) if agreed else world
+            shares = [len(ra.roots) / world if ra.confident else 0.0 for ra in analyses]
+            p_value = chance_p_value(top, shares, candidates)
             # A straggler is the same rank again and again (real captures show it as the root in
             # 2 of 5 rounds); roots that wander between the members of a group, each found once
             # (ranks momentarily busy on shared, contended CPUs), are noise.
-            if top >= min(2, need) and len(hits) >= need:
+            voted = top >= min(2, need) and len(hits) >= need
+            if voted and p_value <= cfg.fail_slow_alpha:
                 last = hits[-1]
                 ra = analyses[last]
                 reason = (
                     f"rank(s) {_short(suspects)} slowest in {top}/{len(rounds)} rounds; their {kind} group "
-                    f"held the roots in {len(hits)}/{len(rounds)} rounds (need {need}); last: "
+                    f"held the roots in {len(hits)}/{len(rounds)} rounds (need {need}); "
+                    f"{_chance(p_value, candidates, agreed)}; last: "
                     f"{ra.reach}/{ra.world} ranks waiting on {_short(ra.roots)} "
                     f"({self._why(rounds[last], ra)})"
                 )
-                return self._result(
+                res = self._result(
                     Verdict.FAIL_SLOW,
                     suspects,
                     kind,
@@ -132,13 +161,25 @@ class OverEvictionClassifier:
                     reason,
                     votes,
                 )
+                return replace(res, evidence=replace(res.evidence, p_value=p_value, hint=hint))
+            if p_value <= cfg.fail_slow_extend_p and len(rounds) < cfg.fail_slow_max_rounds:
+                more = min(cfg.fail_slow_rounds, cfg.fail_slow_max_rounds - len(rounds))
+            short = [] if voted else [f"too few rounds for the group (need {need})"]
+            if p_value > cfg.fail_slow_alpha:
+                short.append(f"not beyond chance (need p <= {cfg.fail_slow_alpha:g})")
+            reason = (
+                f"rank(s) {_short(suspects)} slowest in {top}/{len(rounds)} rounds, their {kind} group "
+                f"held the roots in {len(hits)}/{len(rounds)} rounds; "
+                f"{_chance(p_value, candidates, agreed)}: "
+                + " and ".join(short)
+                + (f"; {more} more round(s) decide it" if more else "")
+            )
+        else:
+            reason = f"no round of {len(rounds)} had a clear root"
         best = max(analyses, key=lambda a: a.reach)
         res = self._healthy(rounds[-1], best, "fail_slow", len(rounds), votes=votes)
-        reason = (
-            f"no parallel group held the roots in {need} of {len(rounds)} rounds "
-            f"({len(confident)} round(s) had a clear root)"
-        )
-        return replace(res, evidence=replace(res.evidence, reason=reason))
+        evidence = replace(res.evidence, reason=reason, p_value=p_value, hint=hint, more_rounds=more)
+        return replace(res, evidence=evidence)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -202,6 +243,11 @@ class OverEvictionClassifier:
             votes=votes,
         )
         return OverEvictionResult(verdict, suspects, kind, group, machines, evidence)
+
+
+def _chance(p_value: float, candidates: int, agreed: bool) -> str:
+    among = "the straggler signal's rank(s)" if agreed else f"any of the {candidates} ranks"
+    return f"chance p = {p_value:.3g} for {among}"
 
 
 def _short(ranks: Sequence[int], limit: int = 16) -> str:

@@ -23,8 +23,19 @@ class OverEvictionConfig:
     #: A root set larger than this fraction of the job localises nothing (e.g. every rank in
     #: the same collective): report it as no suspect instead of evicting half the job.
     max_root_fraction: float = field(default=0.5, metadata=bounds(0.0, 1.0))
-    #: Fail-slow: rounds to vote over (the most recent ones are used).  ByteRobust uses 5.
+    #: Fail-slow: rounds of a first capture, and how many more a close vote asks for at a time.
+    #: ByteRobust uses 5.
     fail_slow_rounds: int = field(default=5, metadata=bounds(1, 10_000))
+    #: Fail-slow: vote over at most this many (the most recent) rounds; a close vote asks for
+    #: more rounds until there are this many, then it is judged on what it has.
+    fail_slow_max_rounds: int = field(default=15, metadata=bounds(1, 10_000))
+    #: Fail-slow: evict only when the vote's chance p-value (how likely one of the candidate
+    #: ranks is the root that often in a healthy capture, ``detectors.stacks.significance``) is
+    #: at most this.  It bounds the false evictions of a capture of a healthy job.
+    fail_slow_alpha: float = field(default=0.01, metadata=bounds(0.0, 1.0))
+    #: Fail-slow: a vote not significant but with a p-value at most this is close -- more rounds
+    #: decide it (while there are fewer than ``fail_slow_max_rounds``).
+    fail_slow_extend_p: float = field(default=0.5, metadata=bounds(0.0, 1.0))
     #: Seconds between fail-slow rounds in production (ByteRobust: 10 s); informs the capture
     #: side, the analysis itself only sees the rounds it is given.
     fail_slow_interval_s: float = field(default=10.0, metadata=bounds(0.0, 3600.0))
@@ -47,5 +58,7 @@ class OverEvictionConfig:
 
     def __post_init__(self) -> None:
         check_preference(self.evict_preference)
+        if self.fail_slow_max_rounds < self.fail_slow_rounds:
+            raise ValueError("fail_slow_max_rounds must be >= fail_slow_rounds")
         if self.prefer_format not in ("json", "txt"):
             raise ValueError("prefer_format must be 'json' or 'txt'")

@@ -67,6 +67,12 @@ class Evidence:
     missing_ranks: tuple[int, ...]  # ranks with no main-process dump in the deciding round
     classes: tuple[StackClass, ...] = ()
     votes: tuple[Vote, ...] = ()
+    #: fail-slow: the vote's chance p-value (None: no vote, e.g. a hang or no root in any round).
+    p_value: float | None = None
+    #: fail-slow: the ranks the signal that asked for the capture named (a straggler detection).
+    hint: tuple[int, ...] = ()
+    #: fail-slow: the vote is close, capture this many more rounds before judging (0: judged).
+    more_rounds: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +84,9 @@ class Evidence:
             "missing_ranks": list(self.missing_ranks),
             "classes": [c.to_dict() for c in self.classes],
             "votes": [v.to_dict() for v in self.votes],
+            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+            "hint": list(self.hint),
+            "more_rounds": self.more_rounds,
         }
 
 

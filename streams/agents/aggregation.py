@@ -6,6 +6,7 @@ worker sees a job's request and every answer.  A request becomes one ``capture_s
 per machine of the job (one round for a hang, ``fail_slow_rounds`` rounds ``fail_slow_interval_s``
 apart for fail-slow); a capture is closed as soon as its last answer arrives (a timer closes the
 ones past their deadline) and the over-eviction classifier runs in a thread, off the event loop.
+A fail-slow vote too close to call re-opens the capture for more rounds (new commands) instead.
 The result is a detection (kind ``over_eviction``) that the decide agent turns into an eviction of
 the group.
 """
@@ -112,6 +113,12 @@ def register(
                 if moot is not None
                 else await asyncio.get_running_loop().run_in_executor(None, path.analyze, cap, now)
             )
+            more = path.extend_capture(cap, det, now_ms())
+            if more:  # a close fail-slow vote: more rounds decide it
+                log.info("capture %s: %s; %d more round(s) asked for", cap.capture_id, det.message, len(more))
+                for cmd in more:
+                    await ctx.emit(cmd)
+                continue
             if det.kind == "aggregation_failed":
                 log.error("over-eviction analysis of %s failed: %s", cap.capture_id, det.evidence["error"])
             await ctx.emit(det)

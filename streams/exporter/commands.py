@@ -1,7 +1,8 @@
 """Follows the node's command topic (``trainguard.control.commands``, keyed by node).
 
-Commands: ``capture_stacks`` (``args: {"rounds": N, "interval_s": S}``: py-spy every training
-process N times, S seconds apart -- one round for a hang, several for fail-slow, §5) and
+Commands: ``capture_stacks`` (``args: {"rounds": N, "interval_s": S[, "first_round": K]}``: py-spy
+every training process N times, S seconds apart, numbering the rounds from K (0) -- one round for
+a hang, several for fail-slow, more for a close fail-slow vote, §5) and
 ``set_interval`` (``args: {"source": NAME, "interval_s": S}``).  Each exporter is the only member
 of its own consumer group (``trainguard-exporter.<node>``), so it sees every partition and keeps
 its offsets across restarts; commands for other nodes or jobs, and commands older than
@@ -89,6 +90,19 @@ def capture_args(args: dict[str, Any], max_rounds: int) -> tuple[int, float]:
     if rounds != int(rounds):
         raise ValueError(f"rounds must be an integer, got {rounds}")
     return int(rounds), _number(args, "interval_s", 0.0, 0.0, 3600.0)
+
+
+def first_round_of(args: dict[str, Any], max_rounds: int) -> int:
+    """The number of a capture command's first round (0; more when the worker asks a capture
+    for more rounds); ValueError if malformed.
+
+    >>> first_round_of({}, 100), first_round_of({"first_round": 5}, 100)
+    (0, 5)
+    """
+    first = _number(args, "first_round", 0, 0, max_rounds)
+    if first != int(first):
+        raise ValueError(f"first_round must be an integer, got {first}")
+    return int(first)
 
 
 def interval_args(args: dict[str, Any]) -> tuple[str, float]:

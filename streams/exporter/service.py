@@ -17,7 +17,13 @@ from infra.signing import Verifier
 from schemas.base import now_ms
 from schemas.control import Command, CommandKind
 from schemas.telemetry import SourceHealth
-from streams.exporter.commands import CommandListener, capture_args, capture_id_of, interval_args
+from streams.exporter.commands import (
+    CommandListener,
+    capture_args,
+    capture_id_of,
+    first_round_of,
+    interval_args,
+)
 from streams.exporter.config import ExporterConfig
 from streams.exporter.delivery import Delivery
 from streams.exporter.runner import Exporter
@@ -64,8 +70,9 @@ class ExporterService:
         if cmd.kind is CommandKind.CAPTURE_STACKS:
             capture_id = capture_id_of(cmd.command_id, cmd.args)
             rounds, interval = capture_args(cmd.args, self.cfg.stacks.max_rounds)
-            log.info("capture %s: %d round(s) every %.1f s", capture_id, rounds, interval)
-            self.stacks.request(capture_id, rounds, interval)
+            first = first_round_of(cmd.args, self.cfg.stacks.max_rounds)
+            log.info("capture %s: %d round(s) from %d every %.1f s", capture_id, rounds, first, interval)
+            self.stacks.request(capture_id, rounds, interval, first)
         elif cmd.kind is CommandKind.SET_INTERVAL:
             source, seconds = interval_args(cmd.args)
             self.exporter.set_interval(source, seconds)

@@ -191,10 +191,12 @@ class StackCapturer:
             )
         return dumps
 
-    def run(self, capture_id: str, rounds: int, interval_s: float) -> None:
-        """All rounds of one capture (blocking); each round's dumps are published as they come."""
-        for r in range(rounds):
-            if r and self._stop.wait(interval_s):
+    def run(self, capture_id: str, rounds: int, interval_s: float, first_round: int = 0) -> None:
+        """All rounds of one capture (blocking), numbered from ``first_round``; each round's dumps
+        are published as they come."""
+        for i in range(rounds):
+            r = first_round + i
+            if i and self._stop.wait(interval_s):
                 return
             started = time.monotonic()
             dumps = self.capture_round(capture_id, r)
@@ -205,13 +207,15 @@ class StackCapturer:
                 )
             for dump in dumps:
                 self.publish(dump)
-            log.info("capture %s round %d/%d published", capture_id, r + 1, rounds)
+            log.info("capture %s round %d/%d published", capture_id, r + 1, first_round + rounds)
         self.captures += 1
 
-    def request(self, capture_id: str, rounds: int, interval_s: float) -> threading.Thread:
+    def request(
+        self, capture_id: str, rounds: int, interval_s: float, first_round: int = 0
+    ) -> threading.Thread:
         t = threading.Thread(
             target=self._guarded,
-            args=(capture_id, rounds, interval_s),
+            args=(capture_id, rounds, interval_s, first_round),
             name=f"capture-{capture_id[:8]}",
             daemon=True,
         )

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from detectors.stacks import (
     OverEvictionClassifier,
     OverEvictionConfig,
+    OverEvictionResult,
     PatternTable,
     Round,
     analyze_round,
@@ -104,10 +105,21 @@ def test_captured_fixture(case: str, fmt: str) -> None:
     expected = m["expected"]
     assert isinstance(expected, dict)
     cfg = OverEvictionConfig(prefer_format=fmt)
-    result = OverEvictionClassifier(topo, cfg).analyze(load_dump_dir(FIXTURES / case, prefer=fmt))
+    clf = OverEvictionClassifier(topo, cfg)
+    rounds = load_dump_dir(FIXTURES / case, prefer=fmt)
+    # A fail-slow capture is judged as the worker judges it, with the hint a straggler detection
+    # of the slow rank would give: the first rounds, then more while the vote is close.
+    slow = [m["faulty_rank"]] if len(rounds) > 1 and m["faulty_rank"] is not None else []
+    result, _ = _live(clf, rounds, slow)
     out = result.to_dict()
     assert set(out) == {"verdict", "suspect_ranks", "evict", "evidence"}
     assert set(out["evict"]) == {"kind", "ranks", "machines"}
+    if out["verdict"] == "healthy" and expected["verdict"] == "fail_slow":
+        # Not found from the first rounds (a close vote the recording has too few rounds for, or
+        # rounds in which the slow rank did not stand out) -- but never a wrong eviction; how
+        # often it is found is test_a_slow_rank_is_found_without_a_hint and bench/fail_slow_bench.py.
+        assert out["evict"]["kind"] is None, out
+        return
     assert out["verdict"] == expected["verdict"]
     assert out["evict"]["kind"] == expected["kind"]
     if m["faulty_rank"] is None:
@@ -119,6 +131,51 @@ def test_captured_fixture(case: str, fmt: str) -> None:
         assert out["evict"]["ranks"] == topo.group(out["evict"]["kind"], out["evict"]["ranks"][0])
         assert out["evict"]["machines"] == topo.machines_of(out["evict"]["ranks"])
     json.dumps(out)  # the wire form is plain JSON
+
+
+def _live(
+    clf: OverEvictionClassifier, rounds: list[Round], hint: list[int]
+) -> tuple[OverEvictionResult, int]:
+    """The worker's procedure on a recording: the first rounds, then more while asked and recorded."""
+    n = min(clf.config.fail_slow_rounds, len(rounds))
+    while True:
+        res = clf.analyze(rounds[:n], hint=hint)
+        if not res.evidence.more_rounds or n >= len(rounds):
+            return res, n
+        n = min(n + res.evidence.more_rounds, len(rounds))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "healthy" in c])
+def test_healthy_captures_are_healthy_whichever_rank_a_false_alarm_names(case: str) -> None:
+    """A healthy job's capture finds momentary roots; no vote over them may evict, with no
+    straggler hint (an MFU dip asked) or with a false straggler alarm naming any one rank."""
+    _, topo = _manifest(case)
+    clf = OverEvictionClassifier(topo)
+    rounds = load_dump_dir(FIXTURES / case)
+    for hint in [[], *([r] for r in range(topo.world_size))]:
+        for start in range(0, len(rounds) - clf.config.fail_slow_rounds + 1, 2):
+            result, _ = _live(clf, rounds[start:], hint)
+            assert result.verdict == Verdict.HEALTHY, (hint, start, result.evidence.reason)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.endswith("_r15") and "slow" in c])
+def test_a_slow_rank_is_found_without_a_hint(case: str) -> None:
+    """An MFU decline names no rank: the vote must beat any of the job's ranks.  Judged from each
+    round of a 15-round recording on (wrapping around), the slow rank's group is evicted from at
+    least a third of them, and no other group ever is."""
+    m, topo = _manifest(case)
+    clf = OverEvictionClassifier(topo)
+    rounds = load_dump_dir(FIXTURES / case)
+    found = 0
+    for start in range(len(rounds)):
+        result, _ = _live(clf, rounds[start:] + rounds[:start], [])
+        if result.verdict == Verdict.FAIL_SLOW:
+            assert m["faulty_rank"] in result.evict_ranks, (start, result.evidence.reason)
+            assert (
+                result.evidence.p_value is not None and result.evidence.p_value <= clf.config.fail_slow_alpha
+            )
+            found += 1
+    assert found >= len(rounds) / 3, found
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "hang" in c])
@@ -152,8 +209,12 @@ def test_frozen_rounds_are_a_hang_and_forced_modes(tmp_path: Path) -> None:
     rounds = load_dump_dir(tmp_path)
     clf = OverEvictionClassifier(topo)
     assert clf.analyze(rounds).verdict == Verdict.HANG  # stacks did not move: a hang, not fail-slow
-    forced = clf.analyze(rounds, mode="fail_slow")
+    # Three identical rounds, forced through the vote: rank 5 won all three -- beyond chance for
+    # the rank a straggler signal named (p = 1/8^3), but not for any of the 8 ranks (8/8^3 > 1%).
+    forced = clf.analyze(rounds, mode="fail_slow", hint=[m["faulty_rank"]])
     assert forced.verdict == Verdict.FAIL_SLOW and forced.suspect_ranks == (m["faulty_rank"],)
+    unhinted = clf.analyze(rounds, mode="fail_slow")
+    assert unhinted.verdict == Verdict.HEALTHY and unhinted.evidence.more_rounds == 5
     healthy = next(c for c in CASES if "healthy" in c)
     _, htopo = _manifest(healthy)
     h_rounds = load_dump_dir(FIXTURES / healthy)
@@ -306,7 +367,7 @@ def test_fail_slow_needs_enough_rounds() -> None:
     rounds = [_slow_round(s) for s in (0, 3, 5, 6)] + [_healthy_round((1, 2))]
     result = OverEvictionClassifier(FS_TOPO).analyze(rounds)
     assert result.verdict == Verdict.HEALTHY and result.evict_kind is None
-    assert "3 of 5 rounds" in result.evidence.reason
+    assert "too few rounds for the group (need 3)" in result.evidence.reason
     # Two flags out of five pass once the vote threshold is lowered to 40%.
     two = [
         _slow_round(6),
@@ -315,23 +376,27 @@ def test_fail_slow_needs_enough_rounds() -> None:
         _healthy_round((1, 3)),
         _healthy_round((4, 6)),
     ]
-    assert OverEvictionClassifier(FS_TOPO).analyze(two).verdict == Verdict.HEALTHY
-    low = OverEvictionClassifier(FS_TOPO, OverEvictionConfig(min_vote_fraction=0.4)).analyze(two)
-    assert low.verdict == Verdict.FAIL_SLOW and low.evict_ranks == (2, 6)
+    assert OverEvictionClassifier(FS_TOPO).analyze(two, hint=[6]).verdict == Verdict.HEALTHY
+    # Two flags out of five pass once the vote threshold is lowered to 40% and the chance bound
+    # allows it (rank 6 root in 2 of 5 rounds: p = 0.08 when the straggler signal named it).
+    low = OverEvictionConfig(min_vote_fraction=0.4, fail_slow_alpha=0.1)
+    got = OverEvictionClassifier(FS_TOPO, low).analyze(two, hint=[6])
+    assert got.verdict == Verdict.FAIL_SLOW and got.evict_ranks == (2, 6)
 
 
 def test_fail_slow_needs_the_same_straggler_in_enough_rounds() -> None:
     # Ranks 2 and 6 share a pipeline group, but each was the root in only one round of three:
     # momentary contention, not a straggler (seen on the demo's shared 2-core host).
     rounds = [_slow_round(2), _slow_round(6), _healthy_round((1, 3))]
-    result = OverEvictionClassifier(FS_TOPO, OverEvictionConfig(fail_slow_rounds=3)).analyze(rounds)
+    result = OverEvictionClassifier(FS_TOPO, OverEvictionConfig(fail_slow_rounds=3)).analyze(rounds, hint=[6])
     assert result.verdict == Verdict.HEALTHY and result.evict_kind is None
 
 
 def test_fail_slow_uses_the_most_recent_rounds() -> None:
     # Old rounds blamed rank 3; the last 3 (the configured window) blame rank 6.
     rounds = [_slow_round(3)] * 3 + [_slow_round(6)] * 3
-    result = OverEvictionClassifier(FS_TOPO, OverEvictionConfig(fail_slow_rounds=3)).analyze(rounds)
+    cfg = OverEvictionConfig(fail_slow_rounds=3, fail_slow_max_rounds=3)
+    result = OverEvictionClassifier(FS_TOPO, cfg).analyze(rounds, hint=[6])
     assert result.verdict == Verdict.FAIL_SLOW and result.suspect_ranks == (6,)
     assert result.evidence.rounds == 3
 
@@ -384,7 +449,7 @@ def test_cli_json_output() -> None:
 
 
 def test_cli_text_output_and_rounds() -> None:
-    case = next(c for c in CASES if "healthy" in c)
+    case = "tp2pp2dp2_healthy"
     code, out = _cli(
         "analyze", str(FIXTURES / case), "--tp", "2", "--pp", "2", "--dp", "2", "--ranks-per-machine", "2"
     )

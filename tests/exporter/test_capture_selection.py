@@ -4,8 +4,13 @@ for its slowest dump."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from schemas.enums import ProcessRole
 from schemas.workload import ThreadStack
+from streams.exporter.commands import capture_args, first_round_of
 from streams.exporter.config import StacksConfig
 from streams.exporter.sources.process import TrackedProcess
 from streams.exporter.stack_capture import StackCapturer
@@ -49,3 +54,18 @@ def test_rank_less_processes_are_dumped_when_configured() -> None:
     cap = Recorded(StacksConfig(unranked=True))
     cap.capture_round("c1", 0)
     assert sorted(cap.dumped) == [10, 11, 12, 13, 14]
+
+
+def test_more_rounds_of_a_capture_are_numbered_on_from_first_round() -> None:
+    """The worker asks a close fail-slow vote's capture for more rounds: their dumps must not
+    reuse the first rounds' numbers (they would replace them in the vote)."""
+    published: list[Any] = []
+    cap = Recorded(StacksConfig())
+    cap.publish = published.append
+    cap.run("c1", 2, 0.0, first_round=5)
+    assert sorted({d.round for d in published}) == [5, 6]
+    assert capture_args({"rounds": 2, "first_round": 5}, 100) == (2, 0.0)
+    assert first_round_of({"rounds": 2, "first_round": 5}, 100) == 5 and first_round_of({}, 100) == 0
+    for bad in ({"first_round": -1}, {"first_round": 1.5}, {"first_round": "5"}):
+        with pytest.raises(ValueError):
+            first_round_of(bad, 100)

@@ -42,26 +42,41 @@ def stacks() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help=f"YAML file of OverEvictionConfig settings (env overrides: {ENV_PREFIX}__<SETTING>).",
 )
+@click.option(
+    "--straggler-ranks",
+    default="",
+    metavar="R[,R...]",
+    help="Ranks the straggler signal that asked for the capture named: a fail-slow vote for one of "
+    "them is tested against chance alone, not against every rank of the job.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def analyze(
     directory: Path,
     shape: JobShape,
     mode: str,
     config_path: Path | None,
+    straggler_ranks: str,
     as_json: bool,
 ) -> None:
     """Analyse the stack dumps in DIRECTORY and name the parallel group to evict.
 
     A rank with no main-process dump counts as a candidate root (its process is gone or
-    could not be traced): if the rest of the job waits on it, it is the suspect.
+    could not be traced): if the rest of the job waits on it, it is the suspect.  A fail-slow
+    vote too close to call says how many more rounds would decide it.
     """
+    try:
+        hint = [int(r) for r in straggler_ranks.split(",") if r.strip()]
+    except ValueError:
+        raise click.ClickException(
+            f"--straggler-ranks {straggler_ranks!r}: expected ranks like 3,7"
+        ) from None
     try:
         config = load_config(
             OverEvictionConfig, load_yaml_file(config_path) if config_path else {}, env_prefix=ENV_PREFIX
         )
         topology = shape.topology(directory.name)
         rounds = load_dump_dir(directory, prefer=config.prefer_format)
-        result = OverEvictionClassifier(topology, config).analyze(rounds, mode=mode)
+        result = OverEvictionClassifier(topology, config).analyze(rounds, mode=mode, hint=hint)
     except (StackParseError, ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -81,6 +96,8 @@ def _render(result: OverEvictionResult) -> str:
     else:
         lines.append("evict: nothing")
     lines.append(f"reason: {ev.reason}")
+    if ev.more_rounds:
+        lines.append(f"undecided: capture {ev.more_rounds} more round(s) and analyse them all again")
     if ev.missing_ranks:
         lines.append(f"missing ranks (no dump): {list(ev.missing_ranks)}")
     for v in ev.votes:
