@@ -28,6 +28,9 @@ from schemas.workload import StackDump
 FAIL_SLOW_CATEGORIES = ("fail_slow", "straggler", "mfu_decline")
 #: detection kinds of a stalled job: a capture for one is moot if the job steps after it.
 HANG_KINDS = ("hang", "hang_suspect")
+#: a capture handed over for analysis holds its job's next capture back at most this long (an
+#: analysis takes about a second even at 9,600 ranks; a lost hand-back must not block the job).
+ANALYSIS_GRACE_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -238,11 +241,30 @@ class Captures:
         #: capture_id -> what has answered so far (not state: the dumps are asked for again after
         #: a restore, and this is rebuilt from them).
         self._answers: dict[str, _Answers] = {}
+        #: job -> when :meth:`due` handed its capture over for analysis: until :meth:`extend` says
+        #: whether it re-opens, no new capture of the job starts (not state: transient).
+        self.analysing: dict[str, int] = {}
+        #: job -> whether its last capture was a hang's (not state: after a restore the cooldown
+        #: holds for either kind).
+        self._last_was_hang: dict[str, bool] = {}
 
-    def wants(self, job: str, now_ms: int) -> bool:
-        """Whether a new capture of ``job`` may start now (none pending, cooldown over)."""
-        if any(c.job == job for c in self.pending.values()):
+    def wants(self, job: str, now_ms: int, hang: bool = False) -> bool:
+        """Whether a new capture of ``job`` may start now: none pending or being analysed, and the
+        cooldown over.  A ``hang``'s capture is not held back by a fail-slow one: it takes over a
+        pending fail-slow capture (a stuck job's stacks decide, not a vote on a moving one) and
+        ignores the cooldown after one (a different condition)."""
+        since = self.analysing.get(job)
+        if since is not None and now_ms - since < ANALYSIS_GRACE_MS:
             return False
+        mine = [cid for cid, c in self.pending.items() if c.job == job]
+        if mine:
+            if not hang or any(self.pending[cid].rounds <= 1 for cid in mine):
+                return False
+            for cid in mine:
+                self.drop(cid)
+            return True
+        if hang and self._last_was_hang.get(job, True) is False:
+            return True
         return now_ms - self.last_capture_ms.get(job, -(10**15)) >= self.config.cooldown_s * 1000
 
     def start(self, dec: Decision, topology: JobTopology | None, now_ms: int) -> Capture | Detection:
@@ -274,6 +296,7 @@ class Captures:
                 cap.not_before_ms = int(detection["confirm_at_ms"])
         self.pending[capture_id] = cap
         self.last_capture_ms[dec.job] = now_ms
+        self._last_was_hang[dec.job] = rounds <= 1
         return cap
 
     def commands(self, cap: Capture, now_ms: int | None = None) -> list[Command]:
@@ -303,15 +326,22 @@ class Captures:
         """Follow a close fail-slow vote: re-open ``cap`` (just judged, so no longer pending) for
         the more rounds its verdict asks for and return their commands; [] when the verdict
         stands (it asked for none, or :meth:`Capture.may_extend` says they would not come)."""
+        self.analysing.pop(cap.job, None)
         analysis = det.evidence.get("evidence") if det.kind == "over_eviction" else None
         more = analysis.get("more_rounds", 0) if isinstance(analysis, dict) else 0
         if not isinstance(more, int) or more <= 0 or not cap.may_extend():
             return []
+        if any(c.job == cap.job for c in self.pending.values()):
+            return []  # a hang's capture took over while this one was analysed: its verdict stands
         cfg = self.config
         cap.extended_from = cap.rounds
         cap.rounds += more
-        cap.deadline_ms = now_ms + int((cfg.deadline_s + (more - 1) * cfg.fail_slow_interval_s) * 1000)
+        # The exporters wait one interval before the first new round (it must not sample the job
+        # again right after the last one), hence ``more`` intervals.
+        cap.deadline_ms = now_ms + int((cfg.deadline_s + more * cfg.fail_slow_interval_s) * 1000)
         self.pending[cap.capture_id] = cap
+        # The cooldown counts from the last rounds asked for, not from the first request.
+        self.last_capture_ms[cap.job] = now_ms
         answers = self._answers[cap.capture_id] = _Answers()
         for d in cap.dumps:
             answers.add(d)
@@ -342,11 +372,15 @@ class Captures:
         return len(answers.mains) >= cap.rounds * cap.topology.world_size and not answers.outstanding
 
     def due(self, now_ms: int) -> list[Capture]:
-        """Remove and return the captures ready for analysis (complete or past their deadline)."""
+        """Remove and return the captures ready for analysis (complete or past their deadline);
+        each must come back through :meth:`extend` once analysed."""
         ready = [cid for cid, cap in self.pending.items() if cap.ready(now_ms)]
         for cid in ready:
             self._answers.pop(cid, None)
-        return [self.pending.pop(cid) for cid in ready]
+        out = [self.pending.pop(cid) for cid in ready]
+        for cap in out:
+            self.analysing[cap.job] = now_ms
+        return out
 
 
 class _Answers:

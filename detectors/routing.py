@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from detectors.capture import AggregationConfig, Capture, Captures
+from detectors.capture import FAIL_SLOW_CATEGORIES, AggregationConfig, Capture, Captures
 from detectors.decide import DecideConfig, DecisionPolicy
 from detectors.job_monitor import JobMonitor, MonitorConfig
 from detectors.node_anomaly import NodeAnomalyScorer
@@ -221,7 +221,10 @@ class DetectionPath:
     def wants_capture(self, dec: Decision, now_ms: int) -> bool:
         """Whether ``dec`` opens a stack capture now: an ``aggregate`` decision, none pending for its
         job and the cooldown over.  If so, look up the job's topology and :meth:`start_capture`."""
-        return dec.action is Action.AGGREGATE and self.captures.wants(dec.job, now_ms)
+        detection = dec.evidence.get("detection") if isinstance(dec.evidence, dict) else None
+        category = detection.get("category", "") if isinstance(detection, dict) else ""
+        hang = category not in FAIL_SLOW_CATEGORIES
+        return dec.action is Action.AGGREGATE and self.captures.wants(dec.job, now_ms, hang=hang)
 
     def start_capture(self, dec: Decision, topology: JobTopology | None, now_ms: int) -> list[Event]:
         """Open the capture ``dec`` asks for: one ``capture_stacks`` command per machine of the job,
@@ -276,6 +279,7 @@ class DetectionPath:
         # otherwise wait out the cooldown before its capture).
         if self.captures.last_capture_ms.get(cap.job) == cap.requested_ms:
             del self.captures.last_capture_ms[cap.job]
+        self.captures.analysing.pop(cap.job, None)  # judged: nothing to analyse or extend
         return cap.moot(last, now_ms)
 
     def analyze(self, cap: Capture, now_ms: int) -> Detection:

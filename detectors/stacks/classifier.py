@@ -124,22 +124,26 @@ class OverEvictionClassifier:
         if root_counts:
             top = max(root_counts.values())
             suspects = tuple(sorted(r for r, c in root_counts.items() if c == top))
+            # In a healthy job a round's roots are whichever ranks were busy: a given rank is one
+            # with probability |roots| / world.  The straggler signal's ranks were named before
+            # the capture, so a vote for one of them is tested alone (and only they are the
+            # suspects then: a tied unhinted rank must not ride on their weaker bar); any other
+            # rank competes with every rank of the job.
+            agreed = bool(hint) and not set(suspects).isdisjoint(hint)
+            if agreed:
+                suspects = tuple(r for r in suspects if r in hint)
             kind, group = self.choose_group(suspects)
             members = set(group)
             hits = [i for i, ra in enumerate(analyses) if ra.confident and members.intersection(ra.roots)]
-            # In a healthy job a round's roots are whichever ranks were busy: a given rank is one
-            # with probability |roots| / world.  The straggler signal's ranks were named before
-            # the capture, so a vote for one of them is tested alone; any other rank competes
-            # with every rank of the job.
-            agreed = bool(hint) and not set(suspects).isdisjoint(hint)
             candidates = len(hint) if agreed else world
             shares = [len(ra.roots) / world if ra.confident else 0.0 for ra in analyses]
             p_value = chance_p_value(top, shares, candidates)
+            alpha = self._alpha_per_test(bool(hint))
             # A straggler is the same rank again and again (real captures show it as the root in
             # 2 of 5 rounds); roots that wander between the members of a group, each found once
             # (ranks momentarily busy on shared, contended CPUs), are noise.
             voted = top >= min(2, need) and len(hits) >= need
-            if voted and p_value <= cfg.fail_slow_alpha:
+            if voted and p_value <= alpha:
                 last = hits[-1]
                 ra = analyses[last]
                 reason = (
@@ -165,8 +169,8 @@ class OverEvictionClassifier:
             if p_value <= cfg.fail_slow_extend_p and len(rounds) < cfg.fail_slow_max_rounds:
                 more = min(cfg.fail_slow_rounds, cfg.fail_slow_max_rounds - len(rounds))
             short = [] if voted else [f"too few rounds for the group (need {need})"]
-            if p_value > cfg.fail_slow_alpha:
-                short.append(f"not beyond chance (need p <= {cfg.fail_slow_alpha:g})")
+            if p_value > alpha:
+                short.append(f"not beyond chance (need p <= {alpha:.3g})")
             reason = (
                 f"rank(s) {_short(suspects)} slowest in {top}/{len(rounds)} rounds, their {kind} group "
                 f"held the roots in {len(hits)}/{len(rounds)} rounds; "
@@ -182,6 +186,15 @@ class OverEvictionClassifier:
         return replace(res, evidence=evidence)
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _alpha_per_test(self, hinted: bool) -> float:
+        """``fail_slow_alpha`` spent over every test one capture may run: a look after each batch
+        of rounds (5, 10, 15: three by default) and, with a hint, the hinted ranks' test besides
+        the all-ranks one -- so a healthy capture is evicted with probability at most
+        ``fail_slow_alpha`` under the null however it goes (Bonferroni)."""
+        cfg = self.config
+        looks = math.ceil(cfg.fail_slow_max_rounds / cfg.fail_slow_rounds)
+        return cfg.fail_slow_alpha / (looks * (2 if hinted else 1))
 
     def choose_group(self, roots: Sequence[int]) -> tuple[str, tuple[int, ...]]:
         """The parallel group to evict for these root ranks (see module docstring)."""

@@ -196,7 +196,9 @@ class StackCapturer:
         are published as they come."""
         for i in range(rounds):
             r = first_round + i
-            if i and self._stop.wait(interval_s):
+            # More rounds of a capture wait an interval too: right after the last round, a new
+            # one would sample the job in the same state again.
+            if (i or first_round) and self._stop.wait(interval_s):
                 return
             started = time.monotonic()
             dumps = self.capture_round(capture_id, r)

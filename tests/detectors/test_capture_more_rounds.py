@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from detectors.replay import ReplayConfig
 from detectors.routing import DetectionPath
-from schemas.control import Command, Detection
+from schemas.control import Command, Decision, Detection
 from schemas.enums import Action
 from schemas.topology import JobTopology
 from schemas.workload import Frame, StackDump, ThreadStack
@@ -89,12 +89,54 @@ def test_a_close_vote_takes_more_rounds_then_evicts() -> None:
 def test_the_straggler_signals_rank_needs_less_evidence() -> None:
     path = DetectionPath(ReplayConfig())
     cid = _capture(path, _straggler((SLOW,), "straggler"))
-    _answer(path, cid, [SLOW, None, SLOW, None, SLOW])  # the same 3 of 5: p = P[Bin(5, 1/8) >= 3]
+    _answer(path, cid, [SLOW, SLOW, None, SLOW, SLOW])
     (cap,) = path.due_captures(7_000)
     assert cap.hint == (SLOW,)
     det = path.analyze(cap, 7_000)
     assert det.action is Action.EVICT and det.evidence["evidence"]["hint"] == [SLOW]
+    # Tested alone: (1/8)^4 (4 rounds with rank 6 the root; any of the 8 ranks: 8 times that).
+    assert abs(det.evidence["evidence"]["p_value"] - 0.125**4) < 1e-6
     assert path.extend_capture(cap, det, 7_000) == []
+
+
+def test_a_tied_rank_the_signal_did_not_name_is_not_evicted_on_its_bar() -> None:
+    """Rank 6 (named) and rank 1 (not, another pipeline) tie: only rank 6's group may go."""
+    path = DetectionPath(ReplayConfig())
+    cid = _capture(path, _straggler((SLOW,), "straggler"))
+    _answer(path, cid, [SLOW, 1, SLOW, 1, SLOW, 1, SLOW, 1, None, None][:5])
+    (cap,) = path.due_captures(7_000)
+    det = path.analyze(cap, 7_000)
+    assert det.evidence["suspect_ranks"] in ([SLOW], []), det.evidence["evidence"]["reason"]
+    assert 1 not in det.evidence["evict"]["ranks"]
+
+
+def test_a_hang_takes_over_a_pending_fail_slow_capture() -> None:
+    path = DetectionPath(ReplayConfig())
+    _capture(path, _straggler((), "mfu_decline"))
+    hang = path.decide(
+        Detection(detection_id="d-hang", ts_ms=6_000, job="j", kind="hang", category="job_hang",
+                  action=Action.AGGREGATE, source_ts_ms=6_000),
+        6_000,
+    )  # fmt: skip
+    assert hang is not None and path.wants_capture(hang, 6_000)  # no cooldown, no waiting
+    cmds = [c for c in path.start_capture(hang, TOPO, 6_000) if isinstance(c, Command)]
+    assert {c.args["rounds"] for c in cmds} == {1}
+    assert [c.rounds for c in path.captures.pending.values()] == [1]
+
+
+def test_no_new_capture_while_one_is_analysed_and_the_cooldown_counts_from_more_rounds() -> None:
+    path = DetectionPath(ReplayConfig())
+    cid = _capture(path, _straggler((), "mfu_decline"))
+    _answer(path, cid, [SLOW, None, SLOW, None, SLOW])
+    (cap,) = path.due_captures(7_000)
+    again = Decision(
+        decision_id="dec-again", ts_ms=7_001, job="j", action=Action.AGGREGATE,
+        evidence={"detection": {"category": "mfu_decline"}},
+    )  # fmt: skip
+    assert not path.wants_capture(again, 65_500)  # the cooldown is over, but it is being analysed
+    assert path.extend_capture(cap, path.analyze(cap, 7_000), 7_000)
+    assert path.captures.last_capture_ms["j"] == 7_000
+    assert not path.wants_capture(again, 7_000 + 30_000)  # pending again
 
 
 def test_more_rounds_nobody_answers_leave_the_verdict_healthy() -> None:
@@ -103,10 +145,10 @@ def test_more_rounds_nobody_answers_leave_the_verdict_healthy() -> None:
     _answer(path, cid, [SLOW, None, SLOW, None, SLOW])
     (cap,) = path.due_captures(7_000)
     assert path.extend_capture(cap, path.analyze(cap, 7_000), 7_000)
-    (cap,) = path.due_captures(7_000 + 60_000)  # the deadline: the exporters never answered
-    det = path.analyze(cap, 67_000)
+    (cap,) = path.due_captures(7_000 + 80_000)  # the deadline: the exporters never answered
+    det = path.analyze(cap, 87_000)
     assert det.action is Action.NONE and det.evidence["evidence"]["rounds"] == 5
-    assert path.extend_capture(cap, det, 67_000) == []  # judged: not asked again
+    assert path.extend_capture(cap, det, 87_000) == []  # judged: not asked again
 
 
 def test_a_healthy_capture_is_judged_without_more_rounds() -> None:

@@ -47,7 +47,10 @@ FAULTS = (
 )
 #: faults whose replay does not decide what the real run decided, or what the rules ask for.
 #: (``slow`` was one while its recording came from a run whose worker mistook its own lag for a
-#: stall and whose trainer sent no MFU; it is now recorded from a later run.)
+#: stall and whose trainer sent no MFU; it is now recorded from a later run.  That run's stacks
+#: named the slow rank in 3 of 5 rounds, a close vote once fail-slow needed a vote beyond chance
+#: (p = 0.1 for any of 8 ranks): its recording has no more rounds, so it was recorded again, at
+#: 796a055, where the worker asks for them when a vote is close.)
 NOT_AS_REAL: dict[str, str] = {
     "nan": (
         "the real run's worker took the job's own restart from the last good checkpoint (steps "
