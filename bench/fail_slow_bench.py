@@ -88,12 +88,18 @@ def topology(manifest: dict[str, object]) -> JobTopology:
 
 
 def judge_case(
-    clf: OverEvictionClassifier, states: list[list[RankState]], slow: int | None, hints: list[tuple[int, ...]]
+    clf: OverEvictionClassifier,
+    states: list[list[RankState]],
+    slow: int | None,
+    hints: list[tuple[int, ...]],
+    use_hints: bool,
 ) -> Tally:
+    """Every window of one capture with every hint (``use_hints`` False: the rule before hints,
+    judged as often, so the rates compare)."""
     tally = Tally()
     for start in range(len(states)):
         for hint in hints:
-            verdict, group, used, undecided = judge(clf, states, start, hint)
+            verdict, group, used, undecided = judge(clf, states, start, hint if use_hints else ())
             fail_slow = verdict is Verdict.FAIL_SLOW
             tally.windows += 1
             tally.evicted += fail_slow and (slow is None or slow in group)
@@ -107,7 +113,7 @@ COLUMNS = ("capture", "ranks", "rounds", "judged", "windows", "evicted", "wrong"
 WIDTHS = (30, 5, 6, 18, 7, 7, 5, 9, 11)
 
 
-def run(folder: Path, cfg: OverEvictionConfig, label: str) -> dict[str, object]:
+def run(folder: Path, cfg: OverEvictionConfig, label: str, use_hints: bool = True) -> dict[str, object]:
     rows = []
     totals = {k: Tally() for k in ("healthy_no_hint", "healthy_rank_hint", "slow_no_hint", "slow_hint")}
     for case in sorted(p for p in folder.iterdir() if (p / "manifest.json").exists()):
@@ -124,7 +130,7 @@ def run(folder: Path, cfg: OverEvictionConfig, label: str) -> dict[str, object]:
         else:
             kinds = {"slow_no_hint": [()], "slow_hint": [(int(slow),)]}
         for kind, hints in kinds.items():
-            tally = judge_case(clf, states, None if slow is None else int(slow), hints)
+            tally = judge_case(clf, states, None if slow is None else int(slow), hints, use_hints)
             totals[kind].add(tally)
             values = (case.name, world, len(states), kind, tally.windows, tally.evicted, tally.wrong,
                       tally.undecided, round(tally.rounds / tally.windows, 1))  # fmt: skip
@@ -181,7 +187,9 @@ def main() -> None:
             cfg, fail_slow_alpha=1.0, fail_slow_extend_p=0.0, fail_slow_max_rounds=cfg.fail_slow_rounds,
             min_vote_fraction=0.6,
         )  # fmt: skip
-        out.append(run(args.fixtures, before, "before: 60% vote over 5 rounds, no chance bound"))
+        out.append(
+            run(args.fixtures, before, "before: 60% vote over 5 rounds, no chance bound, no hints", False)
+        )
     if args.json:
         print(json.dumps(out))
 
