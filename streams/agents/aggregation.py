@@ -115,7 +115,10 @@ def register(
             )
             more = path.extend_capture(cap, det, now_ms())
             if more:  # a close fail-slow vote: more rounds decide it
-                log.info("capture %s: %s; %d more round(s) asked for", cap.capture_id, det.message, len(more))
+                log.info(
+                    "capture %s: %s; rounds %d-%d asked from %d machines",
+                    cap.capture_id, det.message, cap.extended_from, cap.rounds - 1, len(more),
+                )  # fmt: skip
                 for cmd in more:
                     await ctx.emit(cmd)
                 continue
