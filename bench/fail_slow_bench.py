@@ -63,17 +63,11 @@ class Tally:
 def judge(
     clf: OverEvictionClassifier, states: list[list[RankState]], start: int, hint: tuple[int, ...]
 ) -> tuple[Verdict, tuple[int, ...], int, bool]:
-    """The live procedure from round ``start`` on: the first rounds, then more while asked and
-    recorded; (verdict, evicted ranks, rounds used, still undecided)."""
-    cfg = clf.config
-    n = min(cfg.fail_slow_rounds, len(states))
-    while True:
-        window = [states[(start + i) % len(states)] for i in range(n)]
-        res = clf.analyze_states(window, mode="fail_slow", hint=hint)
-        more = res.evidence.more_rounds
-        if not more or n >= len(states):
-            return res.verdict, res.evict_ranks, n, bool(more)
-        n = min(n + more, len(states))
+    """The live procedure from round ``start`` on (wrapping around): the first rounds, then more
+    while asked; (verdict, evicted ranks, rounds used, still undecided)."""
+    rotated = states[start:] + states[:start]
+    res, used = clf.analyze_recorded(rotated, mode="fail_slow", hint=hint)
+    return res.verdict, res.evict_ranks, used, bool(res.evidence.more_rounds)
 
 
 def topology(manifest: dict[str, object]) -> JobTopology:

@@ -82,6 +82,21 @@ class OverEvictionClassifier:
             return self._hang(rounds)
         return self._fail_slow(rounds[-self.config.fail_slow_max_rounds :], tuple(sorted(set(hint))))
 
+    def analyze_recorded(
+        self, rounds: Sequence[list[RankState]], mode: str = "auto", hint: Sequence[int] = ()
+    ) -> tuple[OverEvictionResult, int]:
+        """Judge a recording of more rounds than a capture starts with as the worker judges a live
+        capture: the first ``fail_slow_rounds``, then more of them while the vote is close (as
+        :meth:`~detectors.capture.Captures.extend` asks the exporters).  (verdict, rounds used);
+        the verdict may still ask for more rounds when the recording has no more."""
+        n = min(self.config.fail_slow_rounds, len(rounds))
+        while True:
+            res = self.analyze_states(rounds[:n], mode, hint)
+            more = res.evidence.more_rounds
+            if not more or n >= len(rounds):
+                return res, n
+            n = min(n + more, len(rounds))
+
     # -- procedures -----------------------------------------------------------------------------
 
     def _frozen(self, rounds: Sequence[list[RankState]]) -> bool:

@@ -137,12 +137,7 @@ def _live(
     clf: OverEvictionClassifier, rounds: list[Round], hint: list[int]
 ) -> tuple[OverEvictionResult, int]:
     """The worker's procedure on a recording: the first rounds, then more while asked and recorded."""
-    n = min(clf.config.fail_slow_rounds, len(rounds))
-    while True:
-        res = clf.analyze(rounds[:n], hint=hint)
-        if not res.evidence.more_rounds or n >= len(rounds):
-            return res, n
-        n = min(n + res.evidence.more_rounds, len(rounds))
+    return clf.analyze_recorded([clf.states(r) for r in rounds], hint=hint)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "healthy" in c])
