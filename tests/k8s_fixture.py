@@ -69,7 +69,7 @@ def restore_nodes(cluster: K8sCluster) -> None:
     for node in core.list_node().items:
         taints = [t.to_dict() for t in (node.spec.taints or []) if t.key not in _OURS]
         body = {
-            "metadata": {"annotations": {"trainguard.io/evicted-by": None}},
+            "metadata": {"annotations": {"trainguard.io/evicted-by": None, "trainguard.io/self-check": None}},
             "spec": {
                 "unschedulable": False,
                 "taints": [{k: v for k, v in t.items() if v is not None} for t in taints],

@@ -8,7 +8,8 @@ priority class and the environment a rank needs (``TRAINGUARD_JOB``, ``TRAINGUAR
 ``TRAINGUARD_MACHINES`` in rank order, ``TRAINGUARD_NODE``, ``TRAINGUARD_RESTART``,
 ``TRAINGUARD_CODE_VERSION`` from the job's code ConfigMap).  Warm standbys are low-priority pods
 (``standby_template``, priority class ``trainguard-standby``) pinned to free nodes: they hold the
-node, self-check (their readiness) and are preempted by a training pod if still there.
+node, self-check (their readiness probe: ``standby_readiness_probe``) and are preempted by a
+training pod if still there.
 
 * ``stop`` deletes the job's training pods and waits until they are gone (a pod is gone once its
   processes are: the kubelet's contract);
@@ -16,7 +17,10 @@ node, self-check (their readiness) and are preempted by a training pod if still 
   it with the decision id and deletes the job's pods on it -- only nodes of the job (its machines
   and standbys), never anybody else's;
 * ``provision_standbys`` starts standby pods on free nodes (``standby_node_selector``, Ready,
-  schedulable, untainted, no pod of any TrainGuard job) and waits until they are Ready;
+  schedulable, untainted, no pod of any TrainGuard job) and waits until they are Ready (their
+  self-check passed); a standby whose self-check fails (its pod ends Failed) leaves its node
+  cordoned and tainted ``trainguard.io/evicted=standby_self_check`` (annotated with the op and the
+  check's message: the node goes to repair, not to a job) and another free node is tried;
   ``activate_standbys`` checks each standby's node and removes its standby pod, so the training
   pod ``restart`` creates takes the node at once;
 * ``restart`` creates the job's pods on the spec's machines (fresh names per restart) and waits
@@ -74,6 +78,8 @@ OP_LABEL = f"{PREFIX}/op"
 INDEX_LABEL = f"{PREFIX}/machine-index"
 EVICT_TAINT = f"{PREFIX}/evicted"
 EVICTED_BY = f"{PREFIX}/evicted-by"
+SELF_CHECK = f"{PREFIX}/self-check"
+SELF_CHECK_FAILED = "standby_self_check"
 HOSTNAME = "kubernetes.io/hostname"
 TRAIN, STANDBY, DIAG, REPLAY = "train", "standby", "diag", "replay"
 
@@ -96,6 +102,13 @@ class KubernetesExecutorConfig:
     standby_template: dict[str, Any] = field(default_factory=dict)
     #: command of a standby's container when ``standby_template`` is empty (its self-check, then wait).
     standby_command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
+    #: readiness probe (a Probe manifest, e.g. ``{"exec": {"command": [...]}, "periodSeconds": 2}``)
+    #: of a standby's container when ``standby_template`` is empty: the standby counts as ready only
+    #: while it passes.  Empty: ready as soon as it runs.
+    standby_readiness_probe: dict[str, Any] = field(default_factory=dict)
+    #: nodes one provisioning may cordon for failed self-checks before it stops and asks an
+    #: operator (more failing at once points at the check or its image, not at the nodes).
+    standby_self_check_max_failures: int = field(default=2, metadata=bounds(1, 1000))
     #: labels a node must have to take a standby (empty: any free node).
     standby_node_selector: dict[str, str] = field(default_factory=dict)
     #: priority classes (infra/deploy/k8s/base/priorityclasses.yaml).
@@ -291,29 +304,36 @@ class KubernetesExecutor:
         self._remember(spec)
         value = _label_value(ctx.category or "fault")
         for name in machines:
-            node = self.node(name, ctx)
-            taints = [t for t in (node.spec.taints or []) if t.key != EVICT_TAINT]
-            taint = {"key": EVICT_TAINT, "value": value, "effect": "NoExecute"}
-            mine = [t for t in (node.spec.taints or []) if t.key == EVICT_TAINT]
-            annotated = (node.metadata.annotations or {}).get(EVICTED_BY) == ctx.decision_id
-            if not (node.spec.unschedulable and mine and annotated):
-                body = {
-                    "metadata": {"annotations": {EVICTED_BY: ctx.decision_id}},
-                    "spec": {
-                        "unschedulable": True,
-                        "taints": [_taint_dict(t) for t in taints] + [mine[0].to_dict() if mine else taint],
-                    },
-                }
-                self._call(
-                    f"cordon+taint node {name} ({EVICT_TAINT}={value}:NoExecute, decision {ctx.decision_id})",
-                    ctx,
-                    self.core.patch_node,
-                    name,
-                    body,
-                )
+            self._cordon(name, value, ctx.decision_id, {}, ctx)
             on_node = [p for p in self.pods(spec.job, None, ctx) if p.spec.node_name == name]
             self._delete_pods(on_node, ctx)
         self._wait_gone(spec.job, None, set(machines), ctx, self.cfg.stop_timeout_s)
+
+    def _cordon(self, name: str, value: str, by: str, notes: dict[str, str], ctx: StepContext) -> None:
+        """Cordon node ``name`` and taint it ``trainguard.io/evicted=<value>:NoExecute``, annotated
+        with ``by`` (a decision or op id) and ``notes``; nothing if that was done already."""
+        node = self.node(name, ctx)
+        taints = [t for t in (node.spec.taints or []) if t.key != EVICT_TAINT]
+        taint = {"key": EVICT_TAINT, "value": value, "effect": "NoExecute"}
+        mine = [t for t in (node.spec.taints or []) if t.key == EVICT_TAINT]
+        annotated = (node.metadata.annotations or {}).get(EVICTED_BY) == by
+        if node.spec.unschedulable and mine and annotated:
+            return
+        body = {
+            "metadata": {"annotations": {EVICTED_BY: by, **notes}},
+            "spec": {
+                "unschedulable": True,
+                # A taint already there keeps its value: the first fault named the node's trouble.
+                "taints": [_taint_dict(t) for t in taints] + [mine[0].to_dict() if mine else taint],
+            },
+        }
+        self._call(
+            f"cordon+taint node {name} ({EVICT_TAINT}={value}:NoExecute, by {by})",
+            ctx,
+            self.core.patch_node,
+            name,
+            body,
+        )
 
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
         mine = [
@@ -336,19 +356,64 @@ class KubernetesExecutor:
                 got.append(name)
         deadline = time.monotonic() + min(self.cfg.provision_timeout_s, ctx.remaining())
         while True:
-            ready = {
-                p.spec.node_selector.get(HOSTNAME)
+            pods = [
+                p
                 for p in self.pods(job, STANDBY, ctx)
-                if (p.metadata.labels or {}).get(OP_LABEL) == ctx.op_id and _ready(p)
-            }
-            if all(n in ready for n in got):
+                if (p.metadata.labels or {}).get(OP_LABEL) == ctx.op_id
+            ]
+            for pod in pods:
+                if pod.status.phase == "Failed" and pod.metadata.deletion_timestamp is None:
+                    got = self._replace_failed_standby(job, pod, got, ctx)
+            ready = {p.spec.node_selector.get(HOSTNAME) for p in pods if _ready(p)}
+            if got and all(n in ready for n in got):
                 return list(got)
+            if not got:
+                raise TemporaryError(
+                    f"kubernetes: every standby of {job} failed its self-check and no free node is left",
+                    delay=10.0,
+                )
             if time.monotonic() > deadline:
                 raise TemporaryError(
-                    f"kubernetes: standbys of {job} on {sorted(set(got) - ready)} not Ready in time",
+                    f"kubernetes: standbys of {job} on {sorted(set(got) - ready)} not Ready in time "
+                    "(self-check not passed)",
                     delay=2.0,
                 )
             time.sleep(self.cfg.poll_s)
+
+    def _replace_failed_standby(self, job: str, pod: Any, got: list[str], ctx: StepContext) -> list[str]:
+        """A standby whose self-check failed: its node is cordoned for repair and another free node
+        (if any) gets a standby instead.  Returns the standbys' nodes now."""
+        node = pod.spec.node_selector.get(HOSTNAME)
+        why = _terminated(pod)
+        code = _exit_code(pod)
+        if code in (126, 127):
+            raise PermanentError(
+                f"kubernetes: the standby command of {job} cannot run on {node} ({why}): "
+                "fix standby_command / standby_template; no node was cordoned"
+            )
+        failed = [
+            n.metadata.name
+            for n in self.nodes(ctx)
+            if (n.metadata.annotations or {}).get(EVICTED_BY) == ctx.op_id
+        ]
+        if len(failed) >= self.cfg.standby_self_check_max_failures:
+            raise PermanentError(
+                f"kubernetes: standby self-checks of {job} failed on {sorted(failed)} and now on {node} "
+                f"({why}); more than standby_self_check_max_failures="
+                f"{self.cfg.standby_self_check_max_failures} failing points at the check itself: an "
+                "operator must look at the check (its pod logs) before more nodes are cordoned"
+            )
+        log.warning(
+            "kubernetes: standby of %s on %s failed its self-check (%s): node cordoned", job, node, why
+        )
+        self._cordon(node, SELF_CHECK_FAILED, ctx.op_id, {SELF_CHECK: why[:1000]}, ctx)
+        self._delete_pods([pod], ctx)
+        got = [n for n in got if n != node]
+        free = [n for n in self._free_nodes(ctx) if n not in self._known(job) and n not in got]
+        if free:
+            self._create_pod(self._standby_pod(job, free[0], ctx), ctx)
+            got.append(free[0])
+        return got
 
     def ready_standbys(self, spec: JobSpec, standbys: list[str]) -> list[str]:
         """Standbys whose pod is Ready on a node that can take the job's pod now."""
@@ -595,9 +660,11 @@ class KubernetesExecutor:
         pod = self._base_pod(template, name, self._labels(job, STANDBY, ctx))
         ps = pod["spec"]
         if not self.cfg.standby_template:
-            ps["containers"] = [
-                {**ps["containers"][0], "command": list(self.cfg.standby_command), "args": []}
-            ]
+            container = {**ps["containers"][0], "command": list(self.cfg.standby_command), "args": []}
+            container.pop("readinessProbe", None)
+            if self.cfg.standby_readiness_probe:
+                container["readinessProbe"] = copy.deepcopy(self.cfg.standby_readiness_probe)
+            ps["containers"] = [container]
         ps["nodeSelector"] = {**(ps.get("nodeSelector") or {}), HOSTNAME: node}
         ps["priorityClassName"] = self.cfg.standby_priority_class
         ps["terminationGracePeriodSeconds"] = 0
@@ -747,6 +814,18 @@ def _ready(pod: Any) -> bool:
     if pod.metadata.deletion_timestamp is not None or pod.status.phase != "Running":
         return False
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def _op(obj: Any) -> str | None:
+    return (obj.metadata.labels or {}).get(OP_LABEL)
+
+
+def _exit_code(pod: Any) -> int | None:
+    for cs in pod.status.container_statuses or []:
+        term = cs.state.terminated if cs.state else None
+        if term is not None:
+            return int(term.exit_code)
+    return None
 
 
 def _terminated(pod: Any) -> str:

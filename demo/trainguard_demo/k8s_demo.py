@@ -48,6 +48,7 @@ from schemas.base import now_ms
 from schemas.control import JobSpec
 from schemas.topics import JOBS
 from trainguard_demo.config import LaunchSpec, write_atomic
+from trainguard_demo.k8s_node import standby_probe
 from trainguard_demo.run import Demo, DemoConfig
 from trainguard_demo.slurm_demo import SLURM_SCENARIO, write_reference
 from trainguard_demo.slurm_node import base_spec_path
@@ -91,8 +92,10 @@ class K8sDemo(Demo):
                     ]
                 },
             },
-            # A standby holds its node; its ranks start cold when it takes a place (no warm pools).
-            "standby_command": [_PYTHON, "-c", "import signal; signal.pause()"],
+            # A standby self-checks (the alignment test), then holds its node Ready; its ranks
+            # start cold when it takes a place (no warm pools).
+            "standby_command": self._node_cmd("standby"),
+            "standby_readiness_probe": standby_probe(self.cluster),
             "standby_node_selector": {POOL_LABEL: self.job},
             "diagnostic_commands": {"alignment": self._node_cmd("check")},
             # The trainer's SIGTERM handler reports the exit and leaves at once.

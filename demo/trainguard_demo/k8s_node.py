@@ -13,8 +13,11 @@ The stack's pod runner starts these as the pods' container commands (see
   switched in before the ranks start.  Rank 0's machine records the spec as ``jobs/<job>.json``.
 * ``exporter``: the node's exporter (the demo's DaemonSet), execed.
 * ``check``: the stop-time alignment test on this node (as under Slurm).
+* ``standby``: a warm standby's self-check -- the same alignment test -- then it holds the node
+  with ``standby-ready/<node>`` written, the file its readiness probe tests
+  (:func:`standby_probe`); a failing check exits 1, and the executor cordons the node.
 
-``python -m trainguard_demo.k8s_node {machine|exporter|check} --cluster-dir D [--job J]``
+``python -m trainguard_demo.k8s_node {machine|exporter|check|standby} --cluster-dir D [--job J]``
 """
 
 from __future__ import annotations
@@ -106,6 +109,36 @@ def run_machine(cluster_dir: Path, job: str) -> int:
     return 128 - code if code < 0 else code
 
 
+def ready_file(cluster_dir: Path, node: str) -> Path:
+    return cluster_dir / "standby-ready" / node
+
+
+def standby_probe(cluster_dir: Path) -> dict[str, object]:
+    """The standby's readiness probe (a Probe manifest): its ready file exists."""
+    return {
+        "exec": {"command": ["sh", "-c", f'test -f "{cluster_dir}/standby-ready/$TRAINGUARD_NODE"']},
+        "periodSeconds": 2,
+        "failureThreshold": 1,
+    }
+
+
+def run_standby(cluster_dir: Path) -> int:
+    """Self-check, then hold the node Ready until SIGTERM (the ready file goes with it)."""
+    ready = ready_file(cluster_dir, _node())
+    ready.unlink(missing_ok=True)  # a standby killed before left its file: not this one's pass
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        code = run_check(cluster_dir)
+        if code:
+            return code
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        ready.write_text(f"{os.getpid()}\n")
+        while True:
+            signal.pause()
+    finally:
+        ready.unlink(missing_ok=True)
+
+
 def run_exporter(cluster_dir: Path, job: str) -> int:
     from trainguard_demo.node import exporter_argv
 
@@ -115,18 +148,20 @@ def run_exporter(cluster_dir: Path, job: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainguard_demo.k8s_node", description=__doc__)
-    p.add_argument("command", choices=("machine", "exporter", "check"))
+    p.add_argument("command", choices=("machine", "exporter", "check", "standby"))
     p.add_argument("--cluster-dir", required=True)
     p.add_argument("--job", default="")
     a = p.parse_args(argv)
     cluster_dir = Path(a.cluster_dir)
-    if a.command != "check" and not a.job:
+    if a.command not in ("check", "standby") and not a.job:
         p.error(f"{a.command} needs --job")
     if a.command == "machine":
         return run_machine(cluster_dir, a.job)
     if a.command == "exporter":
         return run_exporter(cluster_dir, a.job)
     os.environ.setdefault("SLURMD_NODENAME", _node())  # run_check names the node by Slurm's variable
+    if a.command == "standby":
+        return run_standby(cluster_dir)
     return run_check(cluster_dir)
 
 

@@ -12,6 +12,11 @@ for pods labelled ``trainguard.io/local-run: "true"`` on the stack's nodes:
 * a process that exits ends its pod: phase ``Succeeded`` (exit 0) or ``Failed``, with the
   container's terminated state and exit code, as a kubelet reports it (``restartPolicy: Never``;
   the runner restarts nothing);
+* a container's ``readinessProbe.exec`` (a standby's self-check) runs as a local process every
+  ``periodSeconds`` with the container's environment, after ``initialDelaySeconds``, killed after
+  ``timeoutSeconds``; the pod's Ready condition follows it with ``successThreshold`` /
+  ``failureThreshold``, as a kubelet's prober sets it (kwok's pod-ready stage leaves such pods not
+  Ready);
 * a pod being deleted gets SIGTERM (its process group), SIGKILL after the pod's grace period,
   and is removed from the API only once its process is gone (kwok's pod-delete stage skips
   these pods: ``infra/k8s/kwok-stages.yaml``), so "the pod is gone" means "the process is gone".
@@ -41,6 +46,49 @@ LOCAL_RUN_LABEL = "trainguard.io/local-run"
 
 
 @dataclass
+class Probe:
+    """A container's exec readiness probe, with the kubelet's defaults."""
+
+    argv: list[str]
+    initial_delay_s: float = 0.0
+    period_s: float = 10.0
+    timeout_s: float = 1.0
+    success_threshold: int = 1
+    failure_threshold: int = 3
+
+    @classmethod
+    def of(cls, container: Any) -> Probe | None:
+        rp = container.readiness_probe
+        action = getattr(rp, "_exec", None) if rp is not None else None
+        if action is None or not action.command:
+            return None
+        return cls(
+            argv=list(action.command),
+            initial_delay_s=float(rp.initial_delay_seconds or 0),
+            period_s=float(rp.period_seconds or 10),
+            timeout_s=float(rp.timeout_seconds or 1),
+            success_threshold=int(rp.success_threshold or 1),
+            failure_threshold=int(rp.failure_threshold or 3),
+        )
+
+
+@dataclass
+class Prober:
+    """One pod's readiness: the probe, the run in flight, and the streaks the thresholds count."""
+
+    probe: Probe
+    env: dict[str, str]
+    cwd: str | None
+    due: float
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    successes: int = 0
+    failures: int = 0
+    #: the Ready condition last reported (False: kwok's pod-ready stage starts such pods not Ready).
+    ready: bool = False
+
+
+@dataclass
 class Running:
     """One pod's process."""
 
@@ -54,6 +102,7 @@ class Running:
     kill_at: float = 0.0
     reported: bool = False
     log_file: Path = field(default_factory=Path)
+    prober: Prober | None = None
 
 
 def _now() -> str:
@@ -81,11 +130,15 @@ class PodRunner:
             elif run is None and pod.status.phase == "Running" and pod.spec.node_name:
                 self._start(pod)
             elif run is not None and not run.reported and run.proc.poll() is not None:
+                self._stop_probe(run)
                 self._report_exit(run)
+            elif run is not None and not run.reported and run.prober is not None:
+                self._probe(run, pod)
         # Pods force-deleted by someone else: their processes go too.
         for uid in list(self.running):
             if uid not in seen:
                 run = self.running[uid]
+                self._stop_probe(run)
                 if run.proc.poll() is None:
                     self._signal(run, signal.SIGKILL)
                     run.proc.wait(10)
@@ -148,10 +201,102 @@ class PodRunner:
             log.warning("pod %s/%s: cannot start %s: %s", ns, name, argv[0], exc)
             self._finish(pod.metadata.uid, ns, name, 127, f"cannot start: {exc}", started)
             return
-        self.running[pod.metadata.uid] = Running(pod.metadata.uid, ns, name, proc, started, log_file=log_file)
+        run = Running(pod.metadata.uid, ns, name, proc, started, log_file=log_file)
+        probe = Probe.of(c)
+        if probe is not None:
+            run.prober = Prober(probe, env, c.working_dir or None, time.monotonic() + probe.initial_delay_s)
+        self.running[pod.metadata.uid] = run
         log.info(
             "pod %s/%s on %s: started pid %d: %s", ns, name, pod.spec.node_name, proc.pid, " ".join(argv)
         )
+
+    # -- readiness --------------------------------------------------------------------------
+    def _probe(self, run: Running, pod: Any) -> None:
+        """Advance the pod's readiness probe by one tick: start it when due, judge it when done."""
+        pr = run.prober
+        assert pr is not None
+        now = time.monotonic()
+        if pr.proc is None:
+            if now < pr.due:
+                return
+            try:
+                pr.proc = subprocess.Popen(
+                    pr.probe.argv,
+                    env=pr.env,
+                    cwd=pr.cwd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self._judge(run, pod, False, f"cannot run the probe: {exc}")
+                pr.due = now + pr.probe.period_s
+                return
+            pr.started = now
+            return
+        rc = pr.proc.poll()
+        if rc is None and now - pr.started < pr.probe.timeout_s:
+            return
+        if rc is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pr.proc.pid, signal.SIGKILL)
+            pr.proc.wait(5)
+            out = f"timed out after {pr.probe.timeout_s:g}s"
+        else:
+            out = (pr.proc.stdout.read() if pr.proc.stdout else b"").decode(errors="replace").strip()
+        if pr.proc.stdout:
+            pr.proc.stdout.close()
+        pr.proc = None
+        # The kubelet counts the period from the probe's start.
+        pr.due = pr.started + pr.probe.period_s
+        self._judge(run, pod, rc == 0, out[-300:] or f"exit {rc}")
+
+    def _judge(self, run: Running, pod: Any, ok: bool, out: str) -> None:
+        pr = run.prober
+        assert pr is not None
+        pr.successes, pr.failures = (pr.successes + 1, 0) if ok else (0, pr.failures + 1)
+        if not pr.ready and pr.successes >= pr.probe.success_threshold:
+            self._set_ready(run, pod, True, "")
+        elif pr.ready and pr.failures >= pr.probe.failure_threshold:
+            self._set_ready(run, pod, False, out)
+        elif not ok and pr.failures == 1:
+            log.info("pod %s/%s: readiness probe failed: %s", run.namespace, run.name, out)
+
+    def _set_ready(self, run: Running, pod: Any, ready: bool, why: str) -> None:
+        status = "True" if ready else "False"
+        now = _now()
+        body = {
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": status, "lastTransitionTime": now},
+                    {"type": "ContainersReady", "status": status, "lastTransitionTime": now},
+                ],
+                "containerStatuses": [{"name": pod.spec.containers[0].name, "ready": ready}],
+            }
+        }
+        try:
+            self.core.patch_namespaced_pod_status(run.name, run.namespace, body)
+        except Exception as exc:
+            # Not recorded as reported: the next probe result tries again.
+            log.info("pod %s/%s: readiness not reported: %s", run.namespace, run.name, exc)
+            return
+        assert run.prober is not None
+        run.prober.ready = ready
+        state = "Ready" if ready else f"not Ready ({why})"
+        log.info("pod %s/%s: %s", run.namespace, run.name, state)
+
+    @staticmethod
+    def _stop_probe(run: Running) -> None:
+        pr = run.prober
+        if pr is not None and pr.proc is not None:
+            if pr.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pr.proc.pid, signal.SIGKILL)
+                pr.proc.wait(5)
+            if pr.proc.stdout:
+                pr.proc.stdout.close()
+            pr.proc = None
 
     def _report_exit(self, run: Running) -> None:
         rc = run.proc.returncode
@@ -197,6 +342,8 @@ class PodRunner:
 
     def _terminate(self, pod: Any, run: Running | None) -> None:
         ns, name = pod.metadata.namespace, pod.metadata.name
+        if run is not None:
+            self._stop_probe(run)
         if run is not None and run.proc.poll() is None:
             now = time.monotonic()
             if not run.term_at:
@@ -223,6 +370,7 @@ class PodRunner:
 
     def stop_all(self) -> None:
         for run in self.running.values():
+            self._stop_probe(run)
             if run.proc.poll() is None:
                 self._signal(run, signal.SIGTERM)
         deadline = time.monotonic() + 10
