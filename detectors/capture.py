@@ -13,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from detectors.detections import detection_from_finding
+from detectors.eviction import preference_order
 from detectors.findings import Finding
+from detectors.flight_recorder.analysis import FlightRecorderConfig, FlightRecorderResult, analyze_dumps
+from detectors.flight_recorder.combine import combine
+from detectors.flight_recorder.events import event_to_dump
 from detectors.stacks import Frame as DumpFrame
 from detectors.stacks import OverEvictionClassifier, OverEvictionConfig, ProcessDump, RankDumps, Round
 from detectors.stacks import ThreadStack as DumpThread
@@ -22,7 +26,7 @@ from schemas.control import Command, CommandKind, Decision, Detection, stable_id
 from schemas.enums import Action, ProcessRole, Severity, Verdict
 from schemas.topology import JobTopology
 from schemas.typecheck import bounds
-from schemas.workload import StackDump
+from schemas.workload import FlightRecorderDump, StackDump
 
 #: detection categories that are fail-slow suspicions: several rounds of dumps, not one.
 FAIL_SLOW_CATEGORIES = ("fail_slow", "straggler", "mfu_decline")
@@ -31,6 +35,9 @@ HANG_KINDS = ("hang", "hang_suspect")
 #: a capture handed over for analysis holds its job's next capture back at most this long (an
 #: analysis takes about a second even at 9,600 ranks; a lost hand-back must not block the job).
 ANALYSIS_GRACE_MS = 60_000
+#: the error an exporter answers for a rank whose reporter did not turn the Flight Recorder on:
+#: the job has no recorder there, so the recorder is no witness for this capture.
+FR_NOT_ENABLED = "not enabled"
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,11 @@ class AggregationConfig:
     #: the over-eviction classifier's thresholds (the fail-slow vote's significance, how many
     #: more rounds a close vote takes, the eviction preference).
     over_eviction: OverEvictionConfig = field(default_factory=OverEvictionConfig)
+    #: a hang's capture also asks every rank for its Flight Recorder dump and combines its verdict
+    #: with the stacks' (a fail-slow capture does not: every collective completes on a slow job).
+    flight_recorder: bool = True
+    #: the Flight Recorder analysis's thresholds.
+    flight_recorder_analysis: FlightRecorderConfig = field(default_factory=FlightRecorderConfig)
 
 
 def process_dump(d: StackDump) -> ProcessDump:
@@ -102,9 +114,39 @@ class Capture:
     hint: tuple[int, ...] = ()
     #: fail-slow: the rounds asked for before the last "more rounds" (0: none asked yet).
     extended_from: int = 0
+    #: whether the ranks were asked for their Flight Recorder dumps, and their answers by rank.
+    flight_recorder: bool = False
+    fr: dict[int, FlightRecorderDump] = field(default_factory=dict)
 
     def add(self, d: StackDump) -> None:
         self.dumps.append(d)
+
+    def add_fr(self, d: FlightRecorderDump) -> None:
+        if 0 <= d.rank < self.topology.world_size:
+            self.fr[d.rank] = d
+
+    def flight_recorder_result(
+        self, config: FlightRecorderConfig | None = None
+    ) -> tuple[FlightRecorderResult | None, dict[str, object]]:
+        """The recorder's verdict on this capture (None: no witness) and what the evidence says of it."""
+        if not self.fr:
+            note = "asked, no answer" if self.flight_recorder else "not asked"
+            return None, {"used": False, "reason": f"no Flight Recorder dumps ({note})"}
+        errors = {r: d.error for r, d in sorted(self.fr.items()) if d.error}
+        off = sorted(r for r, e in errors.items() if FR_NOT_ENABLED in e)
+        info: dict[str, object] = {"answers": len(self.fr), "errors": {str(r): e for r, e in errors.items()}}
+        if off:
+            # Ranks without a recorder would count as "undumped" suspects: no witness at all.
+            return None, {**info, "used": False, "reason": f"the Flight Recorder is off on ranks {off}"}
+        dumps = {r: event_to_dump(d) for r, d in self.fr.items() if not d.error}
+        if not dumps:
+            return None, {**info, "used": False, "reason": "no rank could dump its Flight Recorder"}
+        dump_ns = {r: d.ts_ms * 1_000_000 for r, d in self.fr.items() if not d.error}
+        try:
+            result = analyze_dumps(dumps, self.topology, dump_ns, config)
+        except ValueError as exc:
+            return None, {**info, "used": False, "reason": f"Flight Recorder analysis failed: {exc}"}
+        return result, {**info, "used": True, **result.to_dict()}
 
     def missing(self) -> dict[int, list[int]]:
         """round -> ranks whose main process has not answered (yet)."""
@@ -132,7 +174,12 @@ class Capture:
         answered (else the extra rounds would not come either, and the verdict stands)."""
         return self.rounds > 1 and self.answered_rounds() == self.rounds
 
-    def analyze(self, now_ms: int, config: OverEvictionConfig | None = None) -> Detection:
+    def analyze(
+        self,
+        now_ms: int,
+        config: OverEvictionConfig | None = None,
+        fr_config: FlightRecorderConfig | None = None,
+    ) -> Detection:
         """Run the over-eviction classifier; an eviction (or healthy) detection with the evidence.
 
         A fail-slow vote that is close says so in ``evidence.evidence.more_rounds``: the caller
@@ -143,16 +190,36 @@ class Capture:
         rounds = rounds_from_dumps(self.dumps, self.rounds)
         if self.rounds > 1:  # fail-slow: drop the trailing rounds nobody answered
             rounds = rounds[: max(1, self.answered_rounds())]
-        result = clf.analyze(rounds, mode="auto", hint=self.hint)
-        out = result.to_dict()
+        stacks = clf.analyze(rounds, mode="auto", hint=self.hint)
+        fr, fr_info = self.flight_recorder_result(fr_config)
+        preference = preference_order(clf.config.evict_preference)
+        result = combine(stacks, fr, topo, preference)
+        out = stacks.to_dict()
+        out["verdict"] = result.verdict.value
+        out["suspect_ranks"] = list(result.suspect_ranks)
         machines = [topo.machine_name(m) for m in result.evict_machines]
-        out["evict"]["machine_names"] = machines
+        out["evict"] = {
+            "kind": result.evict_kind,
+            "ranks": list(result.evict_ranks),
+            "machines": list(result.evict_machines),
+            "machine_names": machines,
+        }
+        out["decided_by"] = result.decided_by
+        out["reason"] = result.reason
+        own = stacks.to_dict()
+        out["stacks"] = {
+            "verdict": own["verdict"],
+            "suspect_ranks": own["suspect_ranks"],
+            "evict": own["evict"],
+        }
+        out["flight_recorder"] = fr_info
         out["capture_id"] = self.capture_id
         out["missing_ranks"] = {str(r): v for r, v in self.missing().items()}
         out["dumps"] = len(self.dumps)
         evict = result.verdict is not Verdict.HEALTHY and bool(result.evict_ranks)
         category = {Verdict.HANG: "job_hang", Verdict.FAIL_SLOW: "fail_slow"}.get(result.verdict, "healthy")
-        more = result.evidence.more_rounds
+        more = stacks.evidence.more_rounds if result.decided_by == "stacks" else 0
+        out["evidence"]["more_rounds"] = more
         finding = Finding(
             kind="over_eviction",
             category=category,
@@ -162,9 +229,12 @@ class Capture:
             ranks=tuple(result.suspect_ranks),
             evidence=out,
         )
+        witness = {"both": "stacks + Flight Recorder", "union": "stacks + Flight Recorder, both groups"}.get(
+            result.decided_by, result.decided_by.replace("_", " ")
+        )
         msg = (
             f"{result.verdict.value}: evict {result.evict_kind} group {list(result.evict_ranks)} "
-            f"on {', '.join(machines)} (suspects {list(result.suspect_ranks)})"
+            f"on {', '.join(machines)} (suspects {list(result.suspect_ranks)}; {witness})"
             if evict
             else f"{result.verdict.value}: no group to evict"
             + (f" yet ({more} more rounds asked for)" if more and self.may_extend() else "")
@@ -294,6 +364,7 @@ class Captures:
             cap.stalled_since_ms = int(detection["source_ts_ms"])
             if isinstance(detection.get("confirm_at_ms"), int):
                 cap.not_before_ms = int(detection["confirm_at_ms"])
+        cap.flight_recorder = cfg.flight_recorder and rounds <= 1
         self.pending[capture_id] = cap
         self.last_capture_ms[dec.job] = now_ms
         self._last_was_hang[dec.job] = rounds <= 1
@@ -310,6 +381,8 @@ class Captures:
         }
         if first:
             args["first_round"] = first
+        elif cap.flight_recorder:
+            args["flight_recorder"] = True
         return [
             Command(
                 command_id=stable_id(cap.capture_id, node, *([str(first)] if first else [])),
@@ -356,19 +429,30 @@ class Captures:
         self._answers.setdefault(d.capture_id, _Answers()).add(d)
         return True
 
+    def add_fr(self, d: FlightRecorderDump) -> bool:
+        """File a Flight Recorder answer under its pending capture; False if none is pending."""
+        cap = self.pending.get(d.capture_id) if d.capture_id else None
+        if cap is None:
+            return False
+        cap.add_fr(d)
+        return True
+
     def drop(self, capture_id: str) -> None:
         """Forget a pending capture (its job moved to another worker)."""
         self.pending.pop(capture_id, None)
         self._answers.pop(capture_id, None)
 
     def complete(self, capture_id: str) -> bool:
-        """Every rank's main process and every process of its tree answered in every round: the
-        capture can be judged now, nothing more is coming (the timer would close it at its next
-        tick; a hang's eviction waits for that tick otherwise)."""
+        """Every rank's main process and every process of its tree answered in every round, and
+        every rank's Flight Recorder when asked: the capture can be judged now, nothing more is
+        coming (the timer would close it at its next tick; a hang's eviction waits for that
+        tick otherwise)."""
         cap = self.pending.get(capture_id)
         answers = self._answers.get(capture_id)
         if cap is None or answers is None:
             return False
+        if cap.flight_recorder and len(cap.fr) < cap.topology.world_size:
+            return False  # every rank answers its recorder too (a dump or why not)
         return len(answers.mains) >= cap.rounds * cap.topology.world_size and not answers.outstanding
 
     def due(self, now_ms: int) -> list[Capture]:

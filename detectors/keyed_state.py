@@ -147,7 +147,7 @@ class PathState:
         for cap in data.get("pending", []):
             if not isinstance(cap, Capture) or cap.capture_id in caps.pending:
                 continue
-            cap.dumps = []
+            cap.dumps, cap.fr = [], {}
             # Asked again from now: the old deadline counted from the first request.
             cap.deadline_ms = now_ms + (cap.deadline_ms - cap.requested_ms)
             caps.pending[cap.capture_id] = cap
@@ -183,10 +183,11 @@ class PathState:
 
 
 def _without_dumps(cap: Capture) -> Capture:
-    # Dumps can be megabytes each; they are asked for again on restore instead of stored -- all
+    # Dumps (stacks and Flight Recorders) can be megabytes each; they are asked for again on
+    # restore instead of stored -- all
     # of its rounds (extended_from 0), the first ones included.  The rest (the straggler hint, a
     # hang's stall time) is kept.
-    return replace(cap, dumps=[], extended_from=0)
+    return replace(cap, dumps=[], fr={}, extended_from=0)
 
 
 def _expect(data: Any, kind: type) -> None:

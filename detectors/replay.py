@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from detectors.capture import AggregationConfig
@@ -55,7 +55,7 @@ from schemas.control import ActionEvent, Decision, Detection, JobSpec
 from schemas.topics import BY_NAME
 from schemas.topology import JobTopology
 from schemas.typecheck import bounds
-from schemas.workload import StackDump
+from schemas.workload import FlightRecorderDump, StackDump
 
 #: the aggregation stage's timer period (it closes due captures).
 CAPTURE_TICK_MS = int(CAPTURE_TICK_S * 1000)
@@ -187,6 +187,8 @@ class OfflinePipeline:
                 self._publish(dec, now)
         elif stage == AGGREGATION and isinstance(ev, StackDump):
             path.add_dump(ev, by_job=True)
+        elif stage == AGGREGATION and isinstance(ev, FlightRecorderDump):
+            path.add_fr_dump(ev, by_job=True)
         elif stage == AGGREGATION and isinstance(ev, Decision):
             if path.wants_capture(ev, now):
                 for out in path.start_capture(ev, self._topology(ev.job), now):
@@ -219,6 +221,12 @@ def replay_events(
     ``prior``: the worker's decisions from before the recording (de-duplication window and capture
     cooldown), so the replay continues where the live worker was rather than from a blank state.
     """
+    events = list(events)
+    config = config or ReplayConfig()
+    if config.aggregation.flight_recorder and not any(isinstance(ev, FlightRecorderDump) for _, ev in events):
+        # A recording without Flight Recorder answers (made before the exporters gave them, or of
+        # a job without a recorder): its captures complete on the stacks, as they did live.
+        config = replace(config, aggregation=replace(config.aggregation, flight_recorder=False))
     pipeline = OfflinePipeline(config)
     for dec in prior:
         pipeline.remember(dec)

@@ -50,6 +50,7 @@ from schemas.topics import (
     DECISIONS,
     DETECTIONS,
     EXITS,
+    FLIGHT_RECORDER,
     GPU,
     HOST,
     JOBS,
@@ -61,7 +62,7 @@ from schemas.topics import (
     topic_for,
 )
 from schemas.topology import JobTopology
-from schemas.workload import ProcessExit, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, ProcessExit, StackDump, TrainingStep
 
 INSPECTION = "inspection"
 ANOMALY = "anomaly"
@@ -76,7 +77,7 @@ INPUTS: dict[str, tuple[Topic, ...]] = {
     ANOMALY: (GPU,),
     TRAINING: (STEPS, EXITS),
     DECIDE: (DETECTIONS,),
-    AGGREGATION: (DECISIONS, STACKS),
+    AGGREGATION: (DECISIONS, STACKS, FLIGHT_RECORDER),
     JOB_SPECS: (JOBS,),
 }
 #: the stages that turn telemetry into detections (:meth:`DetectionPath.findings`).
@@ -247,7 +248,21 @@ class DetectionPath:
         cap.add(dump)
         return True
 
-    def capture_complete(self, dump: StackDump) -> bool:
+    def add_fr_dump(self, dump: FlightRecorderDump, by_job: bool = False) -> bool:
+        """File a Flight Recorder answer under its pending capture (False: none pending; a
+        ``timeout`` dump PyTorch wrote on its own belongs to no capture: it is for the sink).
+        ``by_job`` as in :meth:`add_dump`."""
+        if dump.trigger != "capture":
+            return False
+        if not by_job:
+            return self.captures.add_fr(dump)
+        cap = next((c for c in self.captures.pending.values() if c.job == dump.job), None)
+        if cap is None:
+            return False
+        cap.add_fr(dump)
+        return True
+
+    def capture_complete(self, dump: StackDump | FlightRecorderDump) -> bool:
         """Whether ``dump`` completed its capture (judge it now rather than at the next tick)."""
         return self.captures.complete(dump.capture_id)
 
@@ -287,7 +302,8 @@ class DetectionPath:
         instead (kind ``aggregation_failed``, the error in its evidence).  Thread-safe: it reads
         the config and the capture only."""
         try:
-            return cap.analyze(now_ms, self.config.aggregation.over_eviction)
+            agg = self.config.aggregation
+            return cap.analyze(now_ms, agg.over_eviction, agg.flight_recorder_analysis)
         except Exception as exc:  # a bad capture must not stop the stage
             return cap.failed(str(exc), now_ms)
 

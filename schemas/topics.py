@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from schemas.base import Event
 from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
 from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
-from schemas.workload import LogLine, ProcessExit, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, StackDump, TrainingStep
 
 PREFIX = "trainguard."
 DAY_MS = 24 * 3600 * 1000
@@ -60,6 +60,15 @@ EXITS = _t("training.exits", ProcessExit, "job", 8, "training process exits")
 STACKS = _t(
     "training.stacks", StackDump, "job", 4, "py-spy dumps per capture", max_message_bytes=8 * 1_048_576
 )
+# Co-partitioned with the stacks and decisions: a capture's Flight Recorder answers meet its stacks.
+FLIGHT_RECORDER = _t(
+    "training.flightrecorder",
+    FlightRecorderDump,
+    "job",
+    4,
+    "PyTorch Flight Recorder dumps per rank (on capture, and PyTorch's own on a collective timeout)",
+    max_message_bytes=8 * 1_048_576,
+)
 DETECTIONS = _t("control.detections", Detection, "job", 4, "rule/detector findings with evidence")
 DECISIONS = _t(
     "control.decisions",
@@ -93,6 +102,7 @@ TOPICS: tuple[Topic, ...] = (
     STEPS,
     EXITS,
     STACKS,
+    FLIGHT_RECORDER,
     DETECTIONS,
     DECISIONS,
     ACTIONS,

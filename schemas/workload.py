@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from schemas.base import Event, register
 from schemas.enums import ProcessRole
-from schemas.limits import I64, NAME, PID, RANK, RANK_OR_NONE, TS_MS, U64
+from schemas.limits import I64, NAME, PID, RANK, RANK_OR_NONE, RANKS, TS_MS, U64
 from schemas.typecheck import bounds
 
 #: most threads, frames per thread and processes in one dump; py-spy prints one frame per Python
@@ -132,3 +132,73 @@ class StackDump(Event):
     raw_text: str = field(default="", metadata=bounds(max_len=1_048_576))
     #: set when py-spy failed (process gone, permission): a missing stack is evidence too.
     error: str = field(default="", metadata=bounds(max_len=4096))
+
+
+#: most entries one Flight Recorder event carries (PyTorch's ring buffer holds 2,000 by default;
+#: the exporter keeps the newest ``flight_recorder.max_entries`` of a larger one).
+MAX_FR_ENTRIES = 20_000
+#: the triggers of a Flight Recorder dump.
+FR_TRIGGERS = ("capture", "timeout")
+
+
+@dataclass(frozen=True)
+class FlightRecorderGroup:
+    """A process group as a dump's ``pg_config`` names it (``ranks`` empty when not listed: gloo)."""
+
+    name: str = field(default="", metadata=NAME)
+    desc: str = field(default="", metadata=bounds(max_len=1024))
+    ranks: list[int] = field(default_factory=list, metadata=RANKS)
+
+
+@dataclass(frozen=True)
+class FlightRecorderEntry:
+    """One collective (or point-to-point operation) a rank's Flight Recorder recorded."""
+
+    record_id: int = field(default=0, metadata=I64)
+    group: str = field(default="", metadata=NAME)
+    #: collective_seq_id, or p2p_seq_id for a point-to-point operation.
+    seq: int = field(default=0, metadata=I64)
+    p2p: bool = False
+    op: str = field(default="", metadata=NAME)
+    #: scheduled | started | completed.
+    state: str = field(default="scheduled", metadata=bounds(max_len=32))
+    #: tensor shapes, JSON (``[[4, 8]]``).
+    input_sizes: str = field(default="[]", metadata=bounds(max_len=8192))
+    output_sizes: str = field(default="[]", metadata=bounds(max_len=8192))
+    created_ns: int = field(default=0, metadata=I64)
+    #: 0: not completed.
+    completed_ns: int = field(default=0, metadata=I64)
+    retired: bool = False
+    #: the Python frames that issued it, innermost first ("function (file:line)"), a few at most.
+    frames: list[str] = field(default_factory=list, metadata=bounds(max_len=4096, max_items=64))
+
+
+@register
+@dataclass(frozen=True)
+class FlightRecorderDump(Event):
+    """One rank's PyTorch Flight Recorder dump: on a capture command (``trigger`` ``capture``, with
+    the capture's id, beside its py-spy stacks) or written by PyTorch itself when a collective
+    timed out (``timeout``, collected by the exporter).  The newest ``entries`` only (``dropped``
+    says how many older ones did not fit); ``error`` set when the rank gave no dump: a rank that
+    cannot dump is evidence too."""
+
+    TYPE = "flight_recorder_dump"
+    job: str = field(metadata=NAME)
+    node: str = field(metadata=NAME)
+    rank: int = field(metadata=RANK)
+    ts_ms: int = field(metadata=TS_MS)
+    capture_id: str = field(default="", metadata=NAME)
+    trigger: str = field(default="capture", metadata=bounds(max_len=16))
+    pid: int = field(default=0, metadata=PID)
+    #: the dump's format version ("2.10"); empty with ``error``.
+    fr_version: str = field(default="", metadata=bounds(max_len=32))
+    groups: list[FlightRecorderGroup] = field(default_factory=list, metadata=bounds(max_items=65_536))
+    entries: list[FlightRecorderEntry] = field(
+        default_factory=list, metadata=bounds(max_items=MAX_FR_ENTRIES)
+    )
+    dropped: int = field(default=0, metadata=I64)
+    error: str = field(default="", metadata=bounds(max_len=4096))
+
+    def __post_init__(self) -> None:
+        if self.trigger not in FR_TRIGGERS:
+            raise ValueError(f"trigger {self.trigger!r} is not one of {FR_TRIGGERS}")

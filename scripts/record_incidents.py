@@ -48,10 +48,22 @@ from infra.replay import record  # noqa: E402
 from schemas.base import Event  # noqa: E402
 from schemas.codec import DecodeError, decode  # noqa: E402
 from schemas.control import Command, Decision, JobSpec  # noqa: E402
-from schemas.topics import COMMANDS, DECISIONS, EXITS, GPU, HOST, JOBS, LOGS, NIC, STACKS, STEPS  # noqa: E402
+from schemas.topics import (  # noqa: E402
+    COMMANDS,
+    DECISIONS,
+    EXITS,
+    FLIGHT_RECORDER,
+    GPU,
+    HOST,
+    JOBS,
+    LOGS,
+    NIC,
+    STACKS,
+    STEPS,
+)
 from schemas.workload import StackDump  # noqa: E402
 
-INPUT_TOPICS = [GPU, HOST, NIC, LOGS, STEPS, EXITS, STACKS, JOBS, COMMANDS, DECISIONS]
+INPUT_TOPICS = [GPU, HOST, NIC, LOGS, STEPS, EXITS, STACKS, FLIGHT_RECORDER, JOBS, COMMANDS, DECISIONS]
 #: worker config keys that are about the process, not the detectors.
 _PROCESS_KEYS = ("app_id", "web_port", "web_host", "auto_offset_reset")
 

@@ -1,7 +1,8 @@
 """The training reporter: step telemetry and exit reasons from inside a training process.
 
 >>> from streams.reporter import Reporter
->>> rep = Reporter(job="demo", rank=0, socket_path="/nonexistent/reporter.sock", capture_exceptions=False)
+>>> rep = Reporter(job="demo", rank=0, socket_path="/nonexistent/reporter.sock", capture_exceptions=False,
+...                flight_recorder=False)
 >>> rep.step(1, loss=2.5, grad_norm=1.1, tokens=4096)
 >>> rep.close(exit_code=0)
 
@@ -17,6 +18,20 @@ in-memory queue (drop-and-count when full); a daemon thread builds the events, e
 sends them.  Each published step carries ``dropped``, the steps lost since the previous one.
 Uncaught exceptions (main thread: a ``ProcessExit`` with the traceback; other threads: a
 ``LogLine``), SIGTERM and the interpreter's exit are reported too.
+
+**Flight Recorder.**  Unless turned off (``flight_recorder=False`` or
+``TRAINGUARD_FLIGHT_RECORDER=0``), the reporter turns on PyTorch's Flight Recorder
+(``TORCH_FR_BUFFER_SIZE``, 2,000 entries, unless already set) and has PyTorch dump it on a
+collective timeout into ``<fr_dir>/timeout/rank_<R>``; both are read when the first process group
+is made, so **create the Reporter before** ``init_process_group``.  It also answers the node
+exporter's captures: the rank registers in ``<fr_dir>/ranks/<R>.json``, and a thread
+(``trainguard-fr``) polls ``<fr_dir>/requests/`` every 0.25 s; for each new request it writes the
+rank's dump (``_dump_fr_trace_json``) to ``<fr_dir>/dumps/<capture_id>/rank_<R>``, or why it
+could not to ``rank_<R>.error``.  The dump runs on that thread, so it answers while the main thread
+is blocked in a collective or busy in Python, and ``step()`` never waits for it.  ``fr_dir`` is
+``$TRAINGUARD_FR_DIR``, else ``fr`` beside the exporter socket (where the exporter looks by
+default).  Torch is never imported here: the dump is taken only when the training code has
+imported ``torch.distributed`` and initialised it.
 """
 
 from __future__ import annotations
@@ -24,8 +39,10 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -47,6 +64,18 @@ DEFAULT_SOCKET = "/run/trainguard/reporter.sock"
 MAX_TRACEBACK = 64 * 1024
 #: steps packed into one datagram, at most this many bytes.
 MAX_DATAGRAM = 60 * 1024
+#: how often the Flight Recorder thread looks for capture requests.
+FR_POLL_S = 0.25
+#: Flight Recorder entries PyTorch keeps per process (its ring buffer) unless the job set it.
+FR_BUFFER_SIZE = "2000"
+#: a capture id is a file name: no separators, no leading dot (temporary files start with one).
+FR_CAPTURE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+#: requests whose mtime is this much before the reporter started are a previous process's: the
+#: file system's clock is coarse (a few ms behind ``time.time()``), so a slack avoids skipping a
+#: request written right after start.
+FR_START_SLACK_S = 1.0
+#: capture ids remembered as answered (only requests still present are kept, so this is a cap).
+FR_MAX_HANDLED = 1024
 
 
 def _env_int(name: str, default: int) -> int:
@@ -54,6 +83,185 @@ def _env_int(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def _fr_enabled(flag: bool | None) -> bool:
+    """The ``flight_recorder`` argument, else on unless ``TRAINGUARD_FLIGHT_RECORDER=0``."""
+    if flag is not None:
+        return flag
+    return os.environ.get("TRAINGUARD_FLIGHT_RECORDER", "1") != "0"
+
+
+def _unset(*names: str) -> bool:
+    return not any(n in os.environ for n in names)
+
+
+def enable_torch_flight_recorder(fr_dir: str) -> None:
+    """Turn on PyTorch's Flight Recorder and its dump on a collective timeout (into
+    ``<fr_dir>/timeout/rank_<R>``), unless the job configured them.  PyTorch reads these when a
+    process group is made, so this must run before ``init_process_group``.
+
+    A variable the job set under its older name counts as set: PyTorch prefers the current name,
+    so setting that one too would override the job.  The buffer size is set under the current
+    name only (PyTorch warns that the older one is deprecated); the dump file under both, for
+    PyTorch versions that know only the older one (they read it only to write a dump)."""
+    if _unset("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_SIZE
+    if _unset("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        prefix = os.path.join(fr_dir, "timeout", "rank_")
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = prefix
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``path`` so that a reader sees all of it or nothing: a hidden temporary file in the
+    same directory (readers skip dot files), then a rename."""
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class NoFlightRecorderDump(Exception):
+    """Why this process has no Flight Recorder dump to give (one line)."""
+
+
+def torch_flight_recorder_dump() -> bytes:
+    """This process's Flight Recorder dump (PyTorch's JSON), or :class:`NoFlightRecorderDump`.
+
+    Torch is looked up, never imported: a process that has not imported and initialised
+    ``torch.distributed`` has no recorder to dump, and importing torch here would cost seconds
+    and memory in a process that may not use it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        raise NoFlightRecorderDump("torch.distributed is not imported in this process")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise NoFlightRecorderDump("torch.distributed is not initialized in this process")
+    c10d = sys.modules.get("torch._C._distributed_c10d") or getattr(
+        getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None
+    )
+    # _dump_nccl_trace_json: PyTorch before the recorder served every backend (NCCL only).
+    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
+    if dump is None:
+        raise NoFlightRecorderDump("this PyTorch has no Flight Recorder (no _dump_fr_trace_json)")
+    data = dump()
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+class FlightRecorderAgent:
+    """The rank's side of the node exporter's Flight Recorder captures: registration, and a
+    thread answering requests with dumps (see the module docstring)."""
+
+    def __init__(self, fr_dir: str, rank: int, job: str) -> None:
+        self.dir, self.rank, self.job = fr_dir, rank, job
+        self.started = time.time()
+        self.registration = os.path.join(fr_dir, "ranks", f"{rank}.json")
+        #: capture ids answered (or skipped), insertion-ordered; only ones still requested are kept.
+        self.handled: dict[str, None] = {}
+        self.answered = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainguard-fr", daemon=True)
+
+    def start(self) -> bool:
+        """Enable PyTorch's recorder, register and start answering; False (logged) if the
+        directory is not usable -- training goes on without it."""
+        enable_torch_flight_recorder(self.dir)
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            log.warning(
+                "reporter: created after init_process_group: PyTorch's Flight Recorder is on only "
+                "if TORCH_FR_BUFFER_SIZE was set before it"
+            )
+        try:
+            os.makedirs(os.path.join(self.dir, "timeout"), exist_ok=True)
+            os.makedirs(os.path.dirname(self.registration), exist_ok=True)
+            info = {"rank": self.rank, "pid": os.getpid(), "job": self.job}
+            write_atomic(self.registration, json.dumps(info).encode())
+        except OSError as exc:
+            log.warning("reporter: Flight Recorder captures off: %s: %s", self.dir, exc)
+            return False
+        self._thread.start()
+        atexit.register(self.stop)
+        return True
+
+    def stop(self) -> None:
+        """Stop answering and withdraw the registration (idempotent)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(1.0)  # a dump in progress may take a moment; never wait long
+        self.unregister()
+        atexit.unregister(self.stop)
+
+    def unregister(self) -> None:
+        """Remove the registration if it is still this process's (a restarted rank may own it)."""
+        try:
+            with open(self.registration, "rb") as fh:
+                mine = json.loads(fh.read()).get("pid") == os.getpid()
+            if mine:
+                os.unlink(self.registration)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(FR_POLL_S):
+            try:
+                self.poll()
+            except Exception as exc:  # never into training: the next poll tries again
+                log.warning("reporter: Flight Recorder poll failed: %s", exc)
+
+    def poll(self) -> int:
+        """Answer the requests not yet answered; returns how many were answered."""
+        try:
+            names = os.listdir(os.path.join(self.dir, "requests"))
+        except OSError:  # no capture yet (the exporter makes the directory)
+            return 0
+        present = {n for n in names if FR_CAPTURE_ID.fullmatch(n)}
+        self.handled = {cid: None for cid in self.handled if cid in present}
+        answered = 0
+        for cid in sorted(present - self.handled.keys()):
+            if self._stop.is_set():
+                break
+            self.handled[cid] = None
+            try:
+                mtime = os.stat(os.path.join(self.dir, "requests", cid)).st_mtime
+            except OSError:  # withdrawn meanwhile
+                continue
+            if mtime >= self.started - FR_START_SLACK_S:  # older ones: a previous process's
+                self.answer(cid)
+                answered += 1
+        while len(self.handled) > FR_MAX_HANDLED:
+            del self.handled[next(iter(self.handled))]
+        return answered
+
+    def answer(self, capture_id: str) -> None:
+        """Write this rank's dump for ``capture_id``, or why there is none."""
+        out = os.path.join(self.dir, "dumps", capture_id)
+        name = f"rank_{self.rank}"
+        t0 = time.perf_counter()
+        try:
+            data, name_written = torch_flight_recorder_dump(), name
+        except NoFlightRecorderDump as exc:
+            data, name_written = str(exc).encode(), name + ".error"
+        except Exception as exc:
+            why = f"Flight Recorder dump failed: {type(exc).__name__}: {exc}"
+            data, name_written = " ".join(why.split())[:2000].encode(), name + ".error"
+        took = time.perf_counter() - t0
+        try:
+            os.makedirs(out, exist_ok=True)
+            write_atomic(os.path.join(out, name_written), data)
+        except OSError as exc:
+            log.warning("reporter: capture %s: cannot write %s: %s", capture_id, name_written, exc)
+            return
+        self.answered += 1
+        log.info(
+            "reporter: capture %s: %s, %d bytes, dump took %.3f s", capture_id, name_written, len(data), took
+        )
 
 
 class Reporter:
@@ -76,11 +284,18 @@ class Reporter:
         flush_interval_s: float = 0.05,
         capture_exceptions: bool = True,
         capture_sigterm: bool = True,
+        flight_recorder: bool | None = None,
+        fr_dir: str | None = None,
     ) -> None:
         self.job = job if job is not None else os.environ.get("TRAINGUARD_JOB", "")
         self.rank = rank if rank is not None else _env_int("RANK", 0)
         self.node = node if node is not None else os.environ.get("TRAINGUARD_NODE", "")
         self.socket_path = socket_path or os.environ.get("TRAINGUARD_REPORTER_SOCKET", DEFAULT_SOCKET)
+        self.fr_dir = (
+            fr_dir
+            or os.environ.get("TRAINGUARD_FR_DIR")
+            or os.path.join(os.path.dirname(self.socket_path), "fr")
+        )
         self.flops_per_step = flops_per_step
         self.peak_flops = peak_flops
         self.queue_size = queue_size
@@ -102,6 +317,10 @@ class Reporter:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainguard-reporter", daemon=True)
         self._thread.start()
+        self._fr: FlightRecorderAgent | None = None
+        if _fr_enabled(flight_recorder):
+            agent = FlightRecorderAgent(self.fr_dir, self.rank, self.job)
+            self._fr = agent if agent.start() else None
         self._prev_excepthook: Any = None
         self._sigterm_installed = False
         if capture_exceptions:
@@ -248,6 +467,8 @@ class Reporter:
         self._closed = True
         self._wake.set()
         self._thread.join(1.0)
+        if self._fr is not None:
+            self._fr.stop()
         if self._prev_excepthook is not None:
             sys.excepthook = self._prev_excepthook
             threading.excepthook = self._prev_thread_hook
@@ -285,5 +506,7 @@ class Reporter:
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.report_exit(reason="SIGTERM", signal_no=signum)
+        if self._fr is not None:
+            self._fr.unregister()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)  # die as SIGTERM would have killed us

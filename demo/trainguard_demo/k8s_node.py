@@ -127,6 +127,10 @@ def run_standby(cluster_dir: Path) -> int:
     ready = ready_file(cluster_dir, _node())
     ready.unlink(missing_ok=True)  # a standby killed before left its file: not this one's pass
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # The demo's "nodes" share this host's cores: a standby checking itself (torch import, the
+    # alignment test) while a restarted job's ranks start would slow their restart, which on
+    # real nodes it never could.  It yields to them instead.
+    os.nice(19)
     try:
         code = run_check(cluster_dir)
         if code:

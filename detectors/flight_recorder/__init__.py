@@ -10,6 +10,7 @@ from detectors.flight_recorder.analysis import (
     StuckCollective,
     analyze_dumps,
 )
+from detectors.flight_recorder.events import dump_to_event, event_to_dump
 from detectors.flight_recorder.load import (
     Entry,
     FlightRecorderError,
@@ -30,6 +31,8 @@ __all__ = [
     "RankDump",
     "StuckCollective",
     "analyze_dumps",
+    "dump_to_event",
+    "event_to_dump",
     "load_dump_dir",
     "parse_dump",
 ]

@@ -36,7 +36,7 @@ from schemas.base import Event
 from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
 from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
 from schemas.typecheck import bounds, to_plain
-from schemas.workload import LogLine, ProcessExit, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, StackDump, TrainingStep
 
 Row = dict[str, Any]
 
@@ -357,6 +357,15 @@ SPECS: tuple[TableSpec, ...] = (
             Json("process_tree_json", "process_tree"),
         ),
     ),
+    TableSpec(
+        "flight_recorder_dumps",
+        FlightRecorderDump,
+        overrides=(
+            Json("groups_json", "groups"),
+            Json("entries_json", "entries"),
+            Computed("entry_count", int, lambda e: len(e.entries), bounds(0, 2**32 - 1)),
+        ),
+    ),
     TableSpec("detections", Detection),
     TableSpec("decisions", Decision),
     # The decision row has the group kind; an action event only names what it touched.
@@ -391,6 +400,7 @@ TELEMETRY_TABLES = (
     "log_lines",
     "process_exits",
     "stack_dumps",
+    "flight_recorder_dumps",
 )
 
 

@@ -1,11 +1,12 @@
 """Aggregation agent (ByteRobust §5): on a hang or fail-slow suspicion, capture every rank's
-stacks and find the parallel group to evict.
+stacks (and, for a hang, its PyTorch Flight Recorder) and find the parallel group to evict.
 
-``aggregate`` decisions and stack dumps are both keyed by job (and co-partitioned), so one
-worker sees a job's request and every answer.  A request becomes one ``capture_stacks`` command
-per machine of the job (one round for a hang, ``fail_slow_rounds`` rounds ``fail_slow_interval_s``
-apart for fail-slow); a capture is closed as soon as its last answer arrives (a timer closes the
-ones past their deadline) and the over-eviction classifier runs in a thread, off the event loop.
+``aggregate`` decisions, stack dumps and Flight Recorder dumps are all keyed by job (and
+co-partitioned), so one worker sees a job's request and every answer.  A request becomes one
+``capture_stacks`` command per machine of the job (one round for a hang, ``fail_slow_rounds``
+rounds ``fail_slow_interval_s`` apart for fail-slow); a capture is closed as soon as its last
+answer arrives (a timer closes the ones past their deadline) and the over-eviction classifier
+runs in a thread, off the event loop.
 A fail-slow vote too close to call re-opens the capture for more rounds (new commands) instead.
 The result is a detection (kind ``over_eviction``) that the decide agent turns into an eviction of
 the group.
@@ -20,7 +21,7 @@ from typing import Any
 from detectors.routing import AGGREGATION, CAPTURE_TICK_S, INPUTS, DetectionPath
 from schemas.base import Event, now_ms
 from schemas.control import Command, Decision
-from schemas.workload import StackDump
+from schemas.workload import FlightRecorderDump, StackDump
 from streams.context import WorkerContext
 from streams.jobs import JobDirectory
 from streams.state import WorkerState
@@ -59,8 +60,10 @@ def register(
     async def body(ev: Event) -> None:
         if isinstance(ev, Decision):
             await start_capture(ev)
-        elif isinstance(ev, StackDump):
-            path.add_dump(ev)
+        elif isinstance(ev, StackDump | FlightRecorderDump):
+            filed = path.add_dump(ev) if isinstance(ev, StackDump) else path.add_fr_dump(ev)
+            if not filed:
+                return  # a late answer, another worker's capture, or PyTorch's own timeout dump
             touch(ev.job)
             if path.capture_complete(ev):  # the last answer: judge now, not at the next tick
                 wait_ms = path.capture_wait_ms(ev.capture_id, now_ms())

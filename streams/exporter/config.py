@@ -18,6 +18,7 @@ from typing import Any
 
 from schemas.config import load_config
 from schemas.typecheck import bounds
+from schemas.workload import MAX_FR_ENTRIES
 
 ENV_PREFIX = "TRAINGUARD_EXPORTER"
 _INTERVAL = bounds(0.01, 86_400)
@@ -174,6 +175,29 @@ class StacksConfig:
 
 
 @dataclass(frozen=True)
+class FlightRecorderConfig:
+    """PyTorch Flight Recorder dumps of the training ranks, on a capture and on a collective
+    timeout (:mod:`streams.exporter.flight_recorder`)."""
+
+    enabled: bool = True
+    #: the directory shared with the ranks' reporters ("" = ``<dirname(reporter.socket)>/fr``,
+    #: where a reporter with the same socket looks too).
+    dir: str = field(default="", metadata=bounds(max_len=4096))
+    #: how long a capture waits for the registered ranks' dumps (a dump takes milliseconds to a
+    #: second; a rank frozen in C code without the GIL never answers).
+    wait_s: float = field(default=5.0, metadata=bounds(0.1, 600))
+    #: a dump file larger than this is not read (an error event instead).
+    max_bytes: int = field(default=16 * 1024 * 1024, metadata=bounds(1024, 1 << 30))
+    #: newest entries shipped per dump (PyTorch's ring buffer holds 2,000 by default).
+    max_entries: int = field(default=2000, metadata=bounds(1, MAX_FR_ENTRIES))
+    #: how often PyTorch's own timeout dumps are looked for.
+    timeout_poll_s: float = field(default=2.0, metadata=bounds(0.05, 3600))
+    #: a timeout dump is read once its size and mtime have not changed for this long (PyTorch
+    #: may still be writing it).
+    settle_s: float = field(default=1.0, metadata=bounds(0, 3600))
+
+
+@dataclass(frozen=True)
 class DeliveryConfig:
     spool_max_bytes: int = field(default=256 * 1024 * 1024, metadata=bounds(4096, 2**50))
     spool_segment_bytes: int = field(default=1024 * 1024, metadata=bounds(1024, 2**40))
@@ -210,6 +234,7 @@ class ExporterConfig:
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     reporter: ReporterConfig = field(default_factory=ReporterConfig)
     stacks: StacksConfig = field(default_factory=StacksConfig)
+    flight_recorder: FlightRecorderConfig = field(default_factory=FlightRecorderConfig)
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
 
@@ -220,6 +245,12 @@ class ExporterConfig:
     @property
     def root_path(self) -> Path:
         return Path(self.root)
+
+    @property
+    def flight_recorder_dir(self) -> Path:
+        """Where ranks and exporter exchange Flight Recorder dumps: ``flight_recorder.dir``, else
+        ``fr`` beside the reporter socket (the reporter's default too, so one setting serves both)."""
+        return Path(self.flight_recorder.dir or Path(self.reporter.socket).parent / "fr")
 
     def sys_path(self, absolute: str) -> Path:
         """``absolute`` (e.g. ``/proc/stat``) under the configured root."""

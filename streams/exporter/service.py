@@ -1,4 +1,5 @@
-"""The whole exporter process: sources + spool/delivery + command listener + stack capture.
+"""The whole exporter process: sources + spool/delivery + command listener + stack capture +
+Flight Recorder dumps.
 
 ``ExporterService(cfg, kafka).start()`` is what ``trainguard exporter`` runs; tests and benches
 run it in-process.  The spool lives in ``<state_dir>/spool``.
@@ -6,6 +7,7 @@ run it in-process.  The spool lives in ``<state_dir>/spool``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import KafkaConfig
+from infra.proctable import ProcTable
 from infra.signing import Verifier
 from schemas.base import now_ms
 from schemas.control import Command, CommandKind
@@ -26,8 +29,9 @@ from streams.exporter.commands import (
 )
 from streams.exporter.config import ExporterConfig
 from streams.exporter.delivery import Delivery
+from streams.exporter.flight_recorder import FlightRecorderCollector
 from streams.exporter.runner import Exporter
-from streams.exporter.sources.process import discover
+from streams.exporter.sources.process import TrackedProcess, discover
 from streams.exporter.spool import Spool
 from streams.exporter.stack_capture import StackCapturer
 
@@ -45,12 +49,18 @@ class ExporterService:
             state / "spool", d.spool_max_bytes, d.spool_segment_bytes, d.spool_fsync_interval_s
         )
         self.delivery = Delivery(kafka, self.spool, cfg.delivery)
-        self.stacks = StackCapturer(
-            cfg.stacks,
-            cfg.node_name,
-            cfg.job,
-            lambda: discover(cfg.process, cfg.sys_path("/proc"), cfg.sys_path("/sys/fs/cgroup")),
-            self.delivery.publish,
+        self.stacks = StackCapturer(cfg.stacks, cfg.node_name, cfg.job, self._discover, self.delivery.publish)
+        self.fr = (
+            FlightRecorderCollector(
+                dataclasses.replace(cfg.flight_recorder, dir=str(cfg.flight_recorder_dir)),
+                cfg.node_name,
+                cfg.job,
+                self._discover,
+                self.delivery.publish,
+                alive=ProcTable(cfg.sys_path("/proc")).alive,
+            )
+            if cfg.flight_recorder.enabled
+            else None
         )
         self.commands = (
             CommandListener(kafka, cfg.node_name, cfg.job, cfg.commands, self.handle, verifier=verifier)
@@ -58,9 +68,16 @@ class ExporterService:
             else None
         )
         hooks = [self.delivery.health, self._capture_health]
+        if self.fr is not None:
+            hooks.append(self.fr.health)
         if self.commands is not None:
             hooks.append(self.commands.health)
         self.exporter = Exporter(cfg, self.delivery.publish, nvml=nvml, extra_health=hooks)
+
+    def _discover(self) -> list[TrackedProcess]:
+        """The job's training process trees on this node now (stack and Flight Recorder captures)."""
+        cfg = self.cfg
+        return discover(cfg.process, cfg.sys_path("/proc"), cfg.sys_path("/sys/fs/cgroup"))
 
     def _capture_health(self) -> SourceHealth:
         return SourceHealth(name="stacks", ok=True, last_success_ms=now_ms(), error_count=self.stacks.errors)
@@ -72,6 +89,10 @@ class ExporterService:
             rounds, interval = capture_args(cmd.args, self.cfg.stacks.max_rounds)
             first = first_round_of(cmd.args, self.cfg.stacks.max_rounds)
             log.info("capture %s: %d round(s) from %d every %.1f s", capture_id, rounds, first, interval)
+            # The Flight Recorder answers once per capture (its first round), and starts first: a
+            # dump takes milliseconds, py-spy rounds take longer, and both run on their own threads.
+            if self.fr is not None and cmd.args.get("flight_recorder") is True and first == 0:
+                self.fr.request(capture_id)
             self.stacks.request(capture_id, rounds, interval, first)
         elif cmd.kind is CommandKind.SET_INTERVAL:
             source, seconds = interval_args(cmd.args)
@@ -81,6 +102,8 @@ class ExporterService:
 
     def start(self) -> None:
         self.delivery.start()
+        if self.fr is not None:
+            self.fr.start()
         if self.commands is not None:
             self.commands.start()
         self.exporter.start()
@@ -89,6 +112,8 @@ class ExporterService:
         """Stop sampling, then deliver what is spooled (the rest stays on disk for next time)."""
         self.exporter.stop()
         self.stacks.stop()
+        if self.fr is not None:
+            self.fr.stop()
         if self.commands is not None:
             self.commands.stop()
         self.delivery.stop(drain_timeout_s)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from detectors import state as codec
-from detectors.capture import Capture, Captures
+from detectors.capture import AggregationConfig, Capture, Captures
 from detectors.job_monitor import JobMonitor, MonitorConfig
 from detectors.replay import ReplayConfig, decode_records, replay_events
 from detectors.routing import DetectionPath
@@ -27,7 +27,7 @@ from schemas.config import ConfigError, load_config
 from schemas.control import Decision, stable_id
 from schemas.enums import Action, ProcessRole
 from schemas.topology import JobTopology
-from schemas.workload import ProcessInfo, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, ProcessInfo, StackDump, TrainingStep
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 ROWS: list[dict[str, Any]] = yaml.safe_load((FIXTURES / "expected.yaml").read_text())
@@ -252,9 +252,31 @@ def test_a_capture_is_complete_when_every_process_of_every_rank_answered() -> No
     assert caps.add(_dump(cid, 1, 20, ProcessRole.MAIN, [20, 21]))
     assert not caps.complete(cid)
     assert caps.add(_dump(cid, 1, 21, ProcessRole.DATALOADER, [20, 21]))
+    # A hang's capture asked every rank for its Flight Recorder too: one answer per rank, a dump
+    # or why there is none.
+    assert cap.flight_recorder and all(c.args["flight_recorder"] for c in caps.commands(cap))
+    assert not caps.complete(cid)
+    assert caps.add_fr(FlightRecorderDump(job="j", node="n1", rank=0, ts_ms=1_100, capture_id=cid, error="x"))
+    assert not caps.complete(cid)
+    assert caps.add_fr(FlightRecorderDump(job="j", node="n1", rank=1, ts_ms=1_100, capture_id=cid, error="x"))
     assert caps.complete(cid)
     assert [c.capture_id for c in caps.due(1_200)] == [cid]
     assert not caps.complete(cid)  # closed: nothing pending
+
+
+def test_without_the_flight_recorder_the_stacks_complete_a_capture() -> None:
+    caps = Captures(AggregationConfig(flight_recorder=False))
+    dec = Decision(
+        decision_id="d", ts_ms=1_000, job="j", action=Action.AGGREGATE,
+        evidence={"detection": {"category": "job_hang"}},
+    )  # fmt: skip
+    cap = caps.start(dec, TOPO, 1_000)
+    assert isinstance(cap, Capture) and not cap.flight_recorder
+    assert all("flight_recorder" not in c.args for c in caps.commands(cap))
+    cid = cap.capture_id
+    caps.add(_dump(cid, 0, 10, ProcessRole.MAIN, [10]))
+    caps.add(_dump(cid, 1, 20, ProcessRole.MAIN, [20]))
+    assert caps.complete(cid)
 
 
 def _hang_capture(path: DetectionPath, stalled_since_ms: int) -> Capture:

@@ -15,7 +15,7 @@ from detectors.training import StallConfig
 from schemas.control import Decision, Detection
 from schemas.enums import Action, ProcessRole
 from schemas.topology import JobTopology
-from schemas.workload import Frame, ProcessInfo, StackDump, ThreadStack, TrainingStep
+from schemas.workload import FlightRecorderDump, Frame, ProcessInfo, StackDump, ThreadStack, TrainingStep
 
 TOPO = JobTopology(job="j", machines=("m0", "m1"), tp=1, pp=1, dp=2, ranks_per_machine=1)
 #: the demo's stall settings: 3 x p99 of the step time, within [2 s, 6 s].
@@ -69,6 +69,13 @@ def _answer(path: DetectionPath, dec: Decision, hung_rank: int) -> str:
                 threads=[ThreadStack(thread_id=1, name="MainThread", frames=frames)],
             )
         )
+        # A job without a Flight Recorder: each rank's exporter says so (the stacks decide).
+        path.add_fr_dump(
+            FlightRecorderDump(
+                job="j", node=f"m{rank}", rank=rank, ts_ms=0, capture_id=cap.capture_id,
+                error="Flight Recorder not enabled in this rank (no reporter registration)",
+            )
+        )  # fmt: skip
     return cap.capture_id
 
 

@@ -27,7 +27,18 @@ from schemas.telemetry import (
     SourceHealth,
 )
 from schemas.topology import JobTopology
-from schemas.workload import Frame, LogLine, ProcessExit, ProcessInfo, StackDump, ThreadStack, TrainingStep
+from schemas.workload import (
+    FlightRecorderDump,
+    FlightRecorderEntry,
+    FlightRecorderGroup,
+    Frame,
+    LogLine,
+    ProcessExit,
+    ProcessInfo,
+    StackDump,
+    ThreadStack,
+    TrainingStep,
+)
 
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 
@@ -133,6 +144,29 @@ def one_of_each(job: str, ts_ms: int) -> list[Event]:
             process_tree=[
                 ProcessInfo(pid=4242, ppid=1, role=ProcessRole.MAIN, cmdline="python train.py"),
                 ProcessInfo(pid=4300, ppid=4242, role=ProcessRole.DATALOADER),
+            ],
+        ),
+        FlightRecorderDump(
+            job=job,
+            node=node,
+            rank=3,
+            ts_ms=ts_ms,
+            capture_id="cap-1",
+            pid=4242,
+            fr_version="2.10",
+            groups=[FlightRecorderGroup(name="0", desc="default_pg", ranks=[0, 1, 2, 3])],
+            entries=[
+                FlightRecorderEntry(
+                    record_id=7,
+                    group="0",
+                    seq=7,
+                    op="gloo:all_reduce",
+                    state="scheduled",
+                    input_sizes="[[1024]]",
+                    output_sizes="[[1024]]",
+                    created_ns=ts_ms * 1_000_000,
+                    frames=["all_reduce (torch/distributed/distributed_c10d.py:2501)"],
+                )
             ],
         ),
         Detection(

@@ -214,7 +214,7 @@ def _rows(event: Event) -> list[dict[str, Any]]:
 
 def test_declared_overrides_give_the_expected_rows() -> None:
     t = 1_700_000_000_123
-    gpu, host, nic, hb, step, log, _exit, stack, _det, dec, act, _cmd, _dead, spec = one_of_each("j", t)
+    gpu, host, nic, hb, step, log, _exit, stack, fr, _det, dec, act, _cmd, _dead, spec = one_of_each("j", t)
     when = datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
 
     g = _rows(gpu)
@@ -271,6 +271,11 @@ def test_declared_overrides_give_the_expected_rows() -> None:
     ]
     assert s["role"] == "main" and json.loads(s["process_tree_json"])[1]["role"] == "dataloader"
     assert json.loads(s["threads_json"])[0]["frames"][1]["function"] == "train_step"
+
+    (f,) = _rows(fr)
+    assert (f["rank"], f["capture_id"], f["trigger"], f["entry_count"]) == (3, "cap-1", "capture", 1)
+    assert json.loads(f["entries_json"])[0]["op"] == "gloo:all_reduce"
+    assert json.loads(f["groups_json"])[0]["ranks"] == [0, 1, 2, 3]
 
     (d,) = _rows(dec)
     assert (d["machines"], d["ranks"], d["group_kind"], d["action"]) == (

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
 
+from detectors.flight_recorder import dump_to_event, load_dump_dir
 from detectors.stacks import DumpName, DumpParser
 from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings
@@ -15,12 +18,13 @@ from schemas.enums import Action, ProcessRole
 from schemas.telemetry import NicSample, NicSampleBatch
 from schemas.topics import COMMANDS, DECISIONS, DETECTIONS, JOBS, TOPICS
 from schemas.topology import JobTopology
-from schemas.workload import Frame, LogLine, StackDump, ThreadStack, TrainingStep
+from schemas.workload import FlightRecorderDump, Frame, LogLine, StackDump, ThreadStack, TrainingStep
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
+FR_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 XID = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python, GPU has fallen off the bus."
 
 
@@ -198,20 +202,45 @@ def test_stalled_rank_is_localised_and_its_pipeline_evicted(
     # Kafka delivery is at-least-once (a producer retry under load repeats a record): count by id.
     assert sorted({c.command_id: c.node for c in cmds if isinstance(c, Command)}.values()) == machines
     capture_id = str(first.args["capture_id"])
+    # A hang's capture asks for the ranks' Flight Recorders too.
+    assert all(c.args.get("flight_recorder") is True for c in cmds if isinstance(c, Command))
+    started = time.monotonic()
     dumps = _fixture_dumps("tp2pp2dp2_compute_hang_last_stage", job, machines, 2, capture_id)
-    send(stack_settings, *[d for node in machines for d in dumps[node]])
+    fr = _fixture_fr("tp2pp2dp2_compute_hang", job, machines, 2, capture_id)
+    send(stack_settings, *[d for node in machines for d in dumps[node]], *fr)
     dec = decisions.wait_for(
         lambda e: isinstance(e, Decision) and e.job == job and e.action is Action.EVICT, 30
     )
+    # Judged on the last answer, not at the capture's 20 s deadline.
+    assert time.monotonic() - started < 15
     assert isinstance(dec, Decision)
     assert dec.targets.group_kind == "pp" and dec.targets.ranks == [1, 5]
     assert dec.targets.machines == [machines[0], machines[2]]
-    assert 5 in dec.evidence["analysis"]["suspect_ranks"]
+    analysis = dec.evidence["analysis"]
+    assert 5 in analysis["suspect_ranks"]
+    # Both witnesses name rank 5: the stacks (real py-spy dumps) and the Flight Recorder (real
+    # gloo dumps of a rank hung computing).
+    assert analysis["decided_by"] == "both" and analysis["flight_recorder"]["suspect_ranks"] == [5]
     commands.close()
     decisions.close()
     st = _store(stack_settings)
     _rows(st, "stack_dumps", "job = %(j)s", {"j": job}, sum(map(len, dumps.values())))
+    _rows(st, "flight_recorder_dumps", "job = %(j)s AND capture_id = %(c)s", {"j": job, "c": capture_id}, 8)
     _rows(st, "decisions", "job = %(j)s AND action = 'evict'", {"j": job}, 1)
+
+
+def _fixture_fr(
+    name: str, job: str, machines: list[str], rpm: int, capture_id: str
+) -> list[FlightRecorderDump]:
+    """The capture's Flight Recorder answers, from real gloo dumps (``scripts/capture_fr_fixtures.py``)."""
+    manifest = json.loads((FR_FIXTURES / name / "manifest.json").read_text())
+    dumped = manifest["dumped_at_ns"]["json"]
+    return [
+        dump_to_event(
+            d, job=job, node=machines[r // rpm], ts_ms=dumped[str(r)] // 1_000_000, capture_id=capture_id
+        )
+        for r, d in load_dump_dir(FR_FIXTURES / name / "json").items()
+    ]
 
 
 def test_garbage_on_every_input_topic_is_dead_lettered(

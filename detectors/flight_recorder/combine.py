@@ -1,0 +1,105 @@
+"""One over-eviction decision from two witnesses: the ranks' py-spy stacks and their Flight Recorders.
+
+The stacks show what every process is doing (computing, loading data, checkpointing, waiting in
+a collective); the Flight Recorder shows, per process group, which collectives each rank
+entered and finished.  They fail differently -- the stacks cannot tell two ranks waiting in
+different collectives apart, the recorder does not see point-to-point operations on gloo nor
+what a rank outside any collective is doing -- so for a hang's capture:
+
+* both name suspects and one's suspects lie in the other's group: that group (``both``; the
+  stacks' group when each holds the other's suspects -- ByteRobust's unit);
+* they disagree: the one group of the preferred kind holding both sets of suspects (``union``:
+  over-evict rather than miss), else the stacks' verdict, the disagreement in the reason;
+* only one names a group: its verdict (``stacks`` / ``flight_recorder``);
+* a fail-slow verdict is the stacks' alone (every collective completes on a slow job).
+
+Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from detectors.eviction import choose_group
+from detectors.flight_recorder.analysis import FlightRecorderResult
+from detectors.stacks.result import OverEvictionResult
+from schemas.enums import Verdict
+from schemas.topology import Dim, JobTopology
+
+
+@dataclass(frozen=True)
+class Combined:
+    """The decision: what to evict and which witness decided it."""
+
+    verdict: Verdict
+    suspect_ranks: tuple[int, ...]
+    evict_kind: str | None
+    evict_ranks: tuple[int, ...]
+    evict_machines: tuple[int, ...]
+    #: stacks | flight_recorder | both | union
+    decided_by: str
+    reason: str
+
+
+def _stacks(r: OverEvictionResult, why: str) -> Combined:
+    return Combined(r.verdict, r.suspect_ranks, r.evict_kind, r.evict_ranks, r.evict_machines, "stacks", why)
+
+
+def _evicts(r: OverEvictionResult) -> bool:
+    return r.verdict is not Verdict.HEALTHY and bool(r.evict_ranks)
+
+
+def combine(
+    stacks: OverEvictionResult,
+    fr: FlightRecorderResult | None,
+    topology: JobTopology,
+    preference: Sequence[Dim],
+) -> Combined:
+    """The decision for one capture; ``fr`` None when no Flight Recorder dump could be read."""
+    if fr is None:
+        return _stacks(stacks, "no Flight Recorder dumps: the stacks decide")
+    if stacks.verdict is Verdict.FAIL_SLOW:
+        return _stacks(stacks, "fail-slow: the stacks decide (every collective completes on a slow job)")
+    fr_evicts = fr.verdict != "healthy" and bool(fr.evict_ranks)
+    if not fr_evicts:
+        why = f"the Flight Recorder shows no stuck collective ({fr.reason})"
+        return _stacks(stacks, why if _evicts(stacks) else f"neither witness names a group; {why}")
+    fr_suspects = set(fr.suspect_ranks)
+    if not _evicts(stacks):
+        return Combined(
+            Verdict.HANG,
+            fr.suspect_ranks,
+            fr.evict_kind,
+            fr.evict_ranks,
+            tuple(topology.machines_of(list(fr.evict_ranks))),
+            "flight_recorder",
+            f"the stacks name no group; the Flight Recorder: {fr.reason}",
+        )
+    st_suspects = set(stacks.suspect_ranks)
+    if fr_suspects <= set(stacks.evict_ranks):
+        return Combined(
+            stacks.verdict, stacks.suspect_ranks, stacks.evict_kind, stacks.evict_ranks,
+            stacks.evict_machines, "both",
+            f"the Flight Recorder's suspects {sorted(fr_suspects)} are in the stacks' "
+            f"{stacks.evict_kind} group",
+        )  # fmt: skip
+    if st_suspects <= set(fr.evict_ranks):
+        return Combined(
+            stacks.verdict, tuple(sorted(st_suspects | fr_suspects)), fr.evict_kind, fr.evict_ranks,
+            tuple(topology.machines_of(list(fr.evict_ranks))), "both",
+            f"the stacks' suspects {sorted(st_suspects)} are in the Flight Recorder's {fr.evict_kind} group",
+        )  # fmt: skip
+    both = sorted(st_suspects | fr_suspects)
+    kind, ranks = choose_group(topology, both, preference)
+    if set(both) <= set(ranks):
+        return Combined(
+            stacks.verdict, tuple(both), kind, ranks, tuple(topology.machines_of(list(ranks))), "union",
+            f"the witnesses disagree (stacks {sorted(st_suspects)}, Flight Recorder "
+            f"{sorted(fr_suspects)}): the {kind} group holding both",
+        )  # fmt: skip
+    return _stacks(
+        stacks,
+        f"the witnesses disagree and no one group holds both (stacks {sorted(st_suspects)}, "
+        f"Flight Recorder {sorted(fr_suspects)}): the stacks decide",
+    )
