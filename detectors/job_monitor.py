@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from detectors.detections import detection_from_finding
 from detectors.exit_settle import ExitSettler, SettleConfig
 from detectors.findings import Finding
+from detectors.liveness import LivenessConfig, SilentMachineDetector
 from detectors.log_classifier import classify_exit
 from detectors.stopped_job import RecoveryStatus, StoppedConfig, StoppedJobDetector
 from detectors.training import (
@@ -38,7 +39,7 @@ from detectors.training import (
 )
 from schemas.control import Detection
 from schemas.enums import ProcessRole
-from schemas.workload import ProcessExit, TrainingStep
+from schemas.workload import ProcessExit, RankLiveness, TrainingStep
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class MonitorConfig:
     mfu: MfuConfig = field(default_factory=MfuConfig)
     stopped: StoppedConfig = field(default_factory=StoppedConfig)
     settle: SettleConfig = field(default_factory=SettleConfig)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
 
 
 class JobMonitor:
@@ -69,6 +71,7 @@ class JobMonitor:
         self.mfu = MfuDeclineDetector(self.config.mfu, job=job)
         self.stopped = StoppedJobDetector(self.config.stopped, job=job)
         self.settle = ExitSettler(self.config.settle)
+        self.liveness = SilentMachineDetector(self.config.liveness, job=job)
         self.node_of: dict[int, str] = {}
         self.alive: dict[int, bool] = {}
         #: the step at which the last hang was reported: one report per stall, not one per check.
@@ -85,6 +88,8 @@ class JobMonitor:
         self.alive[e.rank] = True
         ts = e.ts_ms / 1000
         self.stall.update(e.rank, e.step, ts, e.step_time_s)
+        if e.node:
+            self.liveness.step(e.node, ts)
         self.stopped.update(e.rank, e.step, ts)
         self._last_step_ts_ms = max(self._last_step_ts_ms, e.ts_ms)
         if e.step_time_s is not None:
@@ -96,6 +101,13 @@ class JobMonitor:
         if e.mfu is not None and e.rank == 0 and (f2 := self.mfu.observe(ts, e.mfu)) is not None:
             findings.append(f2)
         return [self._det(f, e.ts_ms, now_ms, ("step", e.rank, e.step)) for f in findings]
+
+    def on_liveness(self, e: RankLiveness) -> list[Detection]:
+        """A node's word on the job's ranks there (judged in :meth:`check`, against the clock)."""
+        self.liveness.liveness(e.node, e.ranks, e.ts_ms / 1000, e.interval_s)
+        for r in e.ranks:
+            self.node_of.setdefault(r, e.node)
+        return []
 
     def on_exit(self, e: ProcessExit, now_ms: int) -> list[Detection]:
         if e.role is ProcessRole.MAIN and e.rank >= 0:
@@ -127,9 +139,21 @@ class JobMonitor:
         status = recoveries or RecoveryStatus()
         # A job a recovery is stopping, restarting or holding makes no progress on purpose; after
         # it, the stall is counted from the recovery's end, not from the last step before it.
+        busy = status.busy(stream_now, self.config.stopped.recovery_silence_s)
+        # A machine that fell silent while the job stopped: evict it now, without a capture that
+        # would only wait out its deadline on the silent machine's ranks.
+        progress = self.stall.last_progress()
+        if progress is not None and status.last_stop_end is not None:
+            progress = max(progress, status.last_stop_end)
+        silent = None if busy else self.liveness.check(stream_now, progress)
+        if silent is not None:
+            heard_ms = int(min(v["last_heard_s"] for v in silent.evidence["silent"].values()) * 1000)
+            out.append(self._det(silent, heard_ms, now_ms, ("silent", heard_ms)))
+        # While a reported silent machine explains the stall, it is not a hang to capture.
+        explained = bool(self.liveness.reported & set(self.liveness.silent(stream_now)))
         hang = (
             None
-            if status.busy(stream_now, self.config.stopped.recovery_silence_s)
+            if busy or explained
             else self.stall.check(stream_now, alive=self.alive or None, since=status.last_stop_end)
         )
         if hang is not None:

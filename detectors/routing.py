@@ -54,6 +54,7 @@ from schemas.topics import (
     GPU,
     HOST,
     JOBS,
+    LIVENESS,
     LOGS,
     NIC,
     STACKS,
@@ -62,7 +63,7 @@ from schemas.topics import (
     topic_for,
 )
 from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump, ProcessExit, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, ProcessExit, RankLiveness, StackDump, TrainingStep
 
 INSPECTION = "inspection"
 ANOMALY = "anomaly"
@@ -75,7 +76,7 @@ JOB_SPECS = "job_specs"
 INPUTS: dict[str, tuple[Topic, ...]] = {
     INSPECTION: (GPU, NIC, HOST, LOGS),
     ANOMALY: (GPU,),
-    TRAINING: (STEPS, EXITS),
+    TRAINING: (STEPS, EXITS, LIVENESS),
     DECIDE: (DETECTIONS,),
     AGGREGATION: (DECISIONS, STACKS, FLIGHT_RECORDER),
     JOB_SPECS: (JOBS,),
@@ -175,6 +176,8 @@ class DetectionPath:
                 return self.monitor(ev.job).on_step(ev, now_ms)
             if isinstance(ev, ProcessExit) and ev.job:  # an exit outside any job concerns no monitor
                 return self.monitor(ev.job).on_exit(ev, now_ms)
+            if isinstance(ev, RankLiveness):
+                return self.monitor(ev.job).on_liveness(ev)
             return []
         raise ValueError(f"{stage!r} is not a telemetry stage")
 

@@ -34,6 +34,7 @@ import orjson
 
 from detectors.capture import Capture
 from detectors.exit_settle import ExitSettler
+from detectors.liveness import SilentMachineDetector
 from detectors.stopped_job import RecoveryStatus, StoppedJobDetector
 from detectors.training import MfuDeclineDetector, SpikeDetector, StepStallDetector, StragglerDetector
 from detectors.windows import WindowCounter
@@ -52,6 +53,7 @@ ALLOWED: dict[str, type[Any]] = {
         WindowCounter,
         SpikeDetector,
         StepStallDetector,
+        SilentMachineDetector,
         StragglerDetector,
         MfuDeclineDetector,
         StoppedJobDetector,

@@ -235,6 +235,10 @@ class StepStallDetector:
         q = ordered[min(len(ordered) - 1, int(cfg.step_time_quantile * len(ordered)))]
         return min(cfg.stall_s, max(cfg.min_stall_s, cfg.step_time_factor * q))
 
+    def last_progress(self) -> float | None:
+        """When any rank last progressed (event time, seconds); None before the first step."""
+        return max(self._progress_ts.values()) if self._progress_ts else None
+
     def check(
         self,
         now: float,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from schemas.base import Event
 from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
 from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
-from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, RankLiveness, StackDump, TrainingStep
 
 PREFIX = "trainguard."
 DAY_MS = 24 * 3600 * 1000
@@ -57,6 +57,8 @@ HEARTBEATS = _t("telemetry.heartbeats", Heartbeat, "node", 4, "liveness of expor
 STEPS = _t("training.steps", TrainingStep, "job", 8, "per-rank step telemetry")
 # As many partitions as the steps topic: a job's exits and steps meet on the same worker.
 EXITS = _t("training.exits", ProcessExit, "job", 8, "training process exits")
+# As many partitions as the steps topic: a job's machines' liveness meets its steps.
+LIVENESS = _t("training.liveness", RankLiveness, "job", 8, "per node: the job's ranks alive there")
 STACKS = _t(
     "training.stacks", StackDump, "job", 4, "py-spy dumps per capture", max_message_bytes=8 * 1_048_576
 )
@@ -101,6 +103,7 @@ TOPICS: tuple[Topic, ...] = (
     HEARTBEATS,
     STEPS,
     EXITS,
+    LIVENESS,
     STACKS,
     FLIGHT_RECORDER,
     DETECTIONS,

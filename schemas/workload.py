@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from schemas.base import Event, register
 from schemas.enums import ProcessRole
-from schemas.limits import I64, NAME, PID, RANK, RANK_OR_NONE, RANKS, TS_MS, U64
+from schemas.limits import I64, MAX_RANKS_LISTED, NAME, PID, RANK, RANK_OR_NONE, RANKS, TS_MS, U64
 from schemas.typecheck import bounds
 
 #: most threads, frames per thread and processes in one dump; py-spy prints one frame per Python
@@ -79,6 +79,31 @@ class ProcessExit(Event):
     def __post_init__(self) -> None:
         if self.exit_code is None and self.signal is None and not self.reason:
             raise ValueError("a process exit needs an exit_code, a signal or a reason")
+
+
+@register
+@dataclass(frozen=True)
+class RankLiveness(Event):
+    """A node's exporter's view of a job's ranks on it, every round of its process source: which
+    ranks' main processes exist and their states.  Keyed by job (co-partitioned with the steps),
+    so the worker that judges the job's progress also sees whether each of its machines still
+    speaks: a machine that froze or died sends neither steps nor these."""
+
+    TYPE = "rank_liveness"
+    job: str = field(metadata=NAME)
+    node: str = field(metadata=NAME)
+    ts_ms: int = field(metadata=TS_MS)
+    #: the ranks with a live main process on the node, and each one's process state letter
+    #: (``R`` running, ``S`` sleeping, ``D`` uninterruptible -- a driver or file system wait).
+    ranks: list[int] = field(default_factory=list, metadata=RANKS)
+    states: list[str] = field(default_factory=list, metadata=bounds(max_len=4, max_items=MAX_RANKS_LISTED))
+    #: how often the node sends these (the worker's silence bound is a multiple of it).
+    interval_s: float = field(default=2.0, metadata=bounds(0.05, 3600))
+    seq: int = field(default=0, metadata=U64)
+
+    def __post_init__(self) -> None:
+        if len(self.states) != len(self.ranks):
+            raise ValueError(f"{len(self.ranks)} ranks but {len(self.states)} states")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from schemas.base import Event
 from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
 from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
 from schemas.typecheck import bounds, to_plain
-from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, RankLiveness, StackDump, TrainingStep
 
 Row = dict[str, Any]
 
@@ -348,6 +348,7 @@ SPECS: tuple[TableSpec, ...] = (
         overrides=(Computed("line_hash", int, lambda e: line_hash(e.line), bounds(0, 2**64 - 1)),),
     ),
     TableSpec("process_exits", ProcessExit),
+    TableSpec("rank_liveness", RankLiveness),
     TableSpec(
         "stack_dumps",
         StackDump,
@@ -399,6 +400,7 @@ TELEMETRY_TABLES = (
     "training_steps",
     "log_lines",
     "process_exits",
+    "rank_liveness",
     "stack_dumps",
     "flight_recorder_dumps",
 )

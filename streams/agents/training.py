@@ -1,7 +1,7 @@
-"""Training agent: step telemetry and process exits -> NaN/spike, exit, stall, straggler and
-stopped-job detections.
+"""Training agent: step telemetry, process exits and the nodes' rank liveness -> NaN/spike, exit,
+stall, silent-machine, straggler and stopped-job detections.
 
-Steps and exits are keyed by job, so a job's monitor lives on one worker.  A timer asks every
+Steps, exits and liveness are keyed by job, so a job's monitor lives on one worker.  A timer asks every
 monitor of a job this worker currently owns for time-based findings (stall = hang suspicion,
 stragglers, a stopped job), so a hang is noticed from missing progress, not from an NCCL timeout.
 The action service's events are followed by every worker: a job is "stopped" only while no
@@ -19,7 +19,7 @@ from schemas.base import Event, now_ms
 from schemas.codec import decode
 from schemas.control import ActionEvent
 from schemas.topics import ACTIONS, STEPS
-from schemas.workload import ProcessExit, TrainingStep
+from schemas.workload import ProcessExit, RankLiveness, TrainingStep
 from streams.context import WorkerContext
 from streams.state import WorkerState
 
@@ -52,9 +52,9 @@ def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None 
 
     async def body(ev: Event) -> None:
         now = now_ms()
-        if isinstance(ev, TrainingStep):
+        if isinstance(ev, TrainingStep | RankLiveness):
             clock.observe(ev.ts_ms, now)
-        if state is not None and isinstance(ev, TrainingStep | ProcessExit) and ev.job:
+        if state is not None and isinstance(ev, TrainingStep | ProcessExit | RankLiveness) and ev.job:
             state.touch(NAME, ev.job)  # a step or an exit moves the job's monitor on
         for det in path.findings(NAME, ev, now):
             await ctx.emit(det)

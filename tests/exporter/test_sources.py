@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from trainguard_demo.nvml_sim import SimulatedNvml
 
 from schemas.telemetry import GpuSampleBatch, GpuState, Heartbeat, HostSample, NicSampleBatch
-from schemas.workload import LogLine, ProcessExit
+from schemas.workload import LogLine, ProcessExit, RankLiveness
 from streams.exporter.runner import Exporter
 from streams.exporter.sources.base import SourceContext
 from streams.exporter.sources.kernel_log import KernelLogSource
@@ -232,3 +233,33 @@ def test_kernel_log_ships_every_line_a_rule_matches(root: Path, tmp_path: Path) 
     src = _kernel_source(root, tmp_path / "s", path=str(log_path))
     assert [e.line for e in _lines(src)] == wanted
     src.close()
+
+
+def test_process_liveness_names_the_live_ranks_every_round(root: Path, tmp_path: Path) -> None:
+    cfg = make_cfg(root, tmp_path / "s")
+    ex = Exporter(cfg, lambda e: None, once=True)
+    (first,) = _by_type(ex.run_source("process"), RankLiveness)
+    assert (first.job, first.node, first.ranks, first.seq) == ("job-t", "node-t", [0, 1], 1)
+    assert first.states == ["S", "R"] and first.interval_s == cfg.process.interval_s
+    # Rank 0's main process dies (a zombie until reaped): only rank 1 lives here now.
+    stat = root / "proc/101/stat"
+    stat.write_text(stat.read_text().replace(") S ", ") Z ", 1))
+    (second,) = _by_type(ex.run_source("process"), RankLiveness)
+    assert (second.ranks, second.seq) == ([1], 2)
+    ex.stop()
+
+
+def test_no_liveness_without_a_job(root: Path, tmp_path: Path) -> None:
+    cfg = replace(make_cfg(root, tmp_path / "s"), job="")
+    ex = Exporter(cfg, lambda e: None, once=True)
+    assert _by_type(ex.run_source("process"), RankLiveness) == []
+    ex.stop()
+
+
+def test_liveness_is_sent_with_no_rank_too(root: Path, tmp_path: Path) -> None:
+    for pid in ("101", "102", "103", "104", "201", "202"):
+        shutil.rmtree(root / "proc" / pid)
+    ex = Exporter(make_cfg(root, tmp_path / "s"), lambda e: None, once=True)
+    (live,) = _by_type(ex.run_source("process"), RankLiveness)
+    assert (live.ranks, live.states) == ([], [])
+    ex.stop()

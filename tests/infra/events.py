@@ -35,6 +35,7 @@ from schemas.workload import (
     LogLine,
     ProcessExit,
     ProcessInfo,
+    RankLiveness,
     StackDump,
     ThreadStack,
     TrainingStep,
@@ -123,6 +124,7 @@ def one_of_each(job: str, ts_ms: int) -> list[Event]:
             exit_code=1,
             traceback="Traceback (most recent call last):\nTypeError: boom",
         ),
+        RankLiveness(job=job, node=node, ts_ms=ts_ms, ranks=[2, 3], states=["R", "D"], interval_s=2.0, seq=9),
         StackDump(
             job=job,
             node=node,

@@ -214,7 +214,9 @@ def _rows(event: Event) -> list[dict[str, Any]]:
 
 def test_declared_overrides_give_the_expected_rows() -> None:
     t = 1_700_000_000_123
-    gpu, host, nic, hb, step, log, _exit, stack, fr, _det, dec, act, _cmd, _dead, spec = one_of_each("j", t)
+    gpu, host, nic, hb, step, log, _exit, live, stack, fr, _det, dec, act, _cmd, _dead, spec = one_of_each(
+        "j", t
+    )
     when = datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
 
     g = _rows(gpu)
@@ -271,6 +273,9 @@ def test_declared_overrides_give_the_expected_rows() -> None:
     ]
     assert s["role"] == "main" and json.loads(s["process_tree_json"])[1]["role"] == "dataloader"
     assert json.loads(s["threads_json"])[0]["frames"][1]["function"] == "train_step"
+
+    (lv,) = _rows(live)
+    assert (lv["ranks"], lv["states"], lv["interval_s"]) == ([2, 3], ["R", "D"], 2.0)
 
     (f,) = _rows(fr)
     assert (f["rank"], f["capture_id"], f["trigger"], f["entry_count"]) == (3, "cap-1", "capture", 1)

@@ -14,6 +14,8 @@ from tests.streams.harness import WorkerProcess, unique
 #: Short thresholds so a stall is a hang after 4 s instead of 10 minutes.
 FAST_ENV = {
     "TRAINGUARD__WORKER__MONITOR__STALL__STALL_S": "4",
+    # A silent machine (3 of its 1 s liveness intervals) is found before that stall.
+    "TRAINGUARD__WORKER__MONITOR__LIVENESS__MIN_SILENCE_S": "2",
     "TRAINGUARD__WORKER__CHECK_INTERVAL_S": "1",
     "TRAINGUARD__WORKER__AGGREGATION__DEADLINE_S": "6",
     "TRAINGUARD__WORKER__AGGREGATION__COOLDOWN_S": "0",

@@ -12,13 +12,21 @@ from detectors.flight_recorder import dump_to_event, load_dump_dir
 from detectors.stacks import DumpName, DumpParser
 from infra.clickhouse.store import ClickHouseStore
 from infra.config import Settings
-from schemas.base import now_ms
+from schemas.base import Event, now_ms
 from schemas.control import Command, CommandKind, Decision, Detection, JobSpec
 from schemas.enums import Action, ProcessRole
 from schemas.telemetry import NicSample, NicSampleBatch
 from schemas.topics import COMMANDS, DECISIONS, DETECTIONS, JOBS, TOPICS
 from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump, Frame, LogLine, StackDump, ThreadStack, TrainingStep
+from schemas.workload import (
+    FlightRecorderDump,
+    Frame,
+    LogLine,
+    RankLiveness,
+    StackDump,
+    ThreadStack,
+    TrainingStep,
+)
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
 
@@ -227,6 +235,64 @@ def test_stalled_rank_is_localised_and_its_pipeline_evicted(
     _rows(st, "stack_dumps", "job = %(j)s", {"j": job}, sum(map(len, dumps.values())))
     _rows(st, "flight_recorder_dumps", "job = %(j)s AND capture_id = %(c)s", {"j": job, "c": capture_id}, 8)
     _rows(st, "decisions", "job = %(j)s AND action = 'evict'", {"j": job}, 1)
+
+
+def test_a_machine_that_falls_silent_is_evicted_without_a_capture(
+    stack_settings: Settings, worker: WorkerProcess
+) -> None:
+    """Both machines' exporters send liveness; one machine freezes (nothing from it any more, no
+    exit either) and the job stops: that machine is evicted from its silence alone."""
+    job = unique("silent")
+    machines = [f"{job}-m{i}" for i in range(2)]
+    topo = JobTopology(job=job, tp=1, pp=1, dp=4, ranks_per_machine=2, machines=machines)
+    commands, decisions = Watcher(stack_settings, COMMANDS), Watcher(stack_settings, DECISIONS)
+    send(stack_settings, JobSpec(job=job, ts_ms=now_ms(), topology=topo))
+    worker.wait_followed(stack_settings, JOBS)
+
+    def beat(nodes: list[str], step: int | None) -> None:
+        t = now_ms()
+        events: list[Event] = [
+            RankLiveness(
+                job=job, node=n, ts_ms=t, ranks=[2 * i, 2 * i + 1], states=["S", "S"], interval_s=1.0
+            )
+            for i, n in enumerate(machines)
+            if n in nodes
+        ]
+        if step is not None:
+            events += [
+                TrainingStep(job=job, rank=r, step=step, ts_ms=t, node=machines[r // 2], loss=2.0)
+                for r in range(4)
+            ]
+        send(stack_settings, *events)
+
+    for step in range(1, 4):
+        beat(machines, step)
+        time.sleep(1.0)
+    frozen = time.monotonic()
+    dec = None
+    while time.monotonic() - frozen < 25 and dec is None:
+        beat(machines[1:], None)  # m0 froze: only m1 speaks, and nobody steps
+        time.sleep(1.0)
+        found = decisions.all(lambda e: isinstance(e, Decision) and e.job == job)
+        dec = found[0] if found else None
+    assert isinstance(dec, Decision), "no decision within 25 s of the freeze"
+    took = time.monotonic() - frozen
+    assert (
+        dec.action is Action.EVICT and dec.targets.machines == [machines[0]] and dec.targets.ranks == [0, 1]
+    )
+    assert dec.evidence["detection"]["kind"] == "machine_silent"
+    # The bound: 3 of the node's 1 s intervals (this worker's floor is 2 s), + the 1 s check timer.
+    assert took < 10, took
+    assert not commands.all(lambda e: isinstance(e, Command) and e.job == job, settle_s=0.5)
+    commands.close()
+    decisions.close()
+    _rows(
+        _store(stack_settings),
+        "rank_liveness",
+        "job = %(j)s AND node = %(n)s",
+        {"j": job, "n": machines[0]},
+        3,
+    )
 
 
 def _fixture_fr(

@@ -9,6 +9,11 @@ exit code or signal when the process was seen as a zombie (``/proc/PID/stat`` fi
 wait status), otherwise with the reason alone (a non-parent cannot wait() for it; the reporter
 inside the process reports its own exit reason).  The same discovery serves stack capture.
 Processes are read through :class:`infra.proctable.ProcTable` on the configured root's ``proc``.
+
+Every round (with a configured job) also publishes a :class:`~schemas.workload.RankLiveness`:
+the ranks alive on this node (none, when the job does not run here) and their states, keyed by
+job, so the worker judging the job's progress knows which machines still speak -- a frozen or
+lost machine sends neither steps nor liveness, and is found long before a collective timeout.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from infra.proctable import ProcStat, ProcTable
 from schemas.base import Event, now_ms
 from schemas.enums import ProcessRole
-from schemas.workload import ProcessExit, ProcessInfo
+from schemas.workload import ProcessExit, ProcessInfo, RankLiveness
 from streams.exporter.config import ProcessConfig
 from streams.exporter.sources.base import SourceContext, read_text, register
 
@@ -171,6 +176,7 @@ class ProcessSource:
         self.cgroup_root = ctx.cfg.sys_path("/sys/fs/cgroup")
         self.known: dict[tuple[int, int], TrackedProcess] = {}
         self.reported: set[tuple[int, int]] = set()
+        self.seq = 0
 
     def snapshot(self) -> list[TrackedProcess]:
         return discover(self.cfg, self.proc, self.cgroup_root)
@@ -204,7 +210,33 @@ class ProcessSource:
                 events.append(self._exit(p, "process ended (exit status not visible to a non-parent)"))
         self.reported &= set(current)  # forget reaped zombies
         self.known = current
+        live = self._liveness(list(current.values()))
+        if live is not None:
+            events.append(live)
         return events
+
+    def _liveness(self, procs: list[TrackedProcess]) -> RankLiveness | None:
+        """The ranks whose main process lives here (a zombie is dead); None without a job.  Sent
+        with no rank too: the node is up while the job is stopped or runs elsewhere, which keeps
+        a recovery's restart (ranks gone a while) from looking like a silent machine."""
+        mains = {
+            p.rank: p.state
+            for p in procs
+            if p.role is ProcessRole.MAIN and p.rank >= 0 and p.state not in "ZX"
+        }
+        if not self.ctx.job:
+            return None
+        self.seq += 1
+        ranks = sorted(mains)
+        return RankLiveness(
+            job=self.ctx.job,
+            node=self.ctx.node,
+            ts_ms=now_ms(),
+            ranks=ranks,
+            states=[mains[r][:4] for r in ranks],
+            interval_s=max(0.05, self.cfg.interval_s),
+            seq=self.seq,
+        )
 
     def close(self) -> None:
         pass
