@@ -5,13 +5,16 @@
 Runs the real demo job (`trainguard demo --no-baseline`, the stack already up) ``--runs`` times on
 a scenario of one hang of each kind -- in compute (``hang``), in the DataLoader worker
 (``hang-dataloader``), in the checkpoint writer (``hang-checkpoint``) and in a pipeline send
-(``hang-p2p``: the rank's sends are lost, both neighbours block in ``recv``) -- and prints, per
-kind, the median and the worst over the runs of:
+(``hang-p2p``: the rank's sends are lost, both neighbours block in ``recv``) -- and of a whole
+machine frozen (``machine-freeze``: its exporter and ranks stopped, nothing comes from it) --
+and prints, per kind, the median and the worst over the runs of:
 
 * ``detect``: injection -> the first detection of the stall (the hang suspicion that starts the
   stack capture, or the hang itself);
 * ``localise``: injection -> the decision naming the machines to evict (the capture's verdict);
 * ``recovered``: injection -> training steps again;
+* ``localised by``: what named the machines, in each run (the detection's kind; for a stack
+  capture's verdict, which witnesses decided it: the stacks, the Flight Recorder, or both);
 
 next to the stall threshold the demo derives from its step time and the job's collective
 (gloo) timeout, which is what would find the hang without TrainGuard.  The injection is when the
@@ -36,6 +39,7 @@ SCENARIO = [
     {"fault": "hang-dataloader", "machine": 2},
     {"fault": "hang-checkpoint", "machine": 1},
     {"fault": "hang-p2p", "machine": 0},
+    {"fault": "machine-freeze", "machine": 2},
 ]
 COLUMNS = (("detect", "detected_s"), ("localise", "localised_s"), ("recovered", "recovered_s"))
 
@@ -70,16 +74,22 @@ def table(summaries: list[dict[str, Any]], pg_timeout_s: float, threshold: str) 
     lines = [
         f"{len(summaries)} run(s); seconds, median (worst); stall threshold {threshold}; "
         f"collective timeout {pg_timeout_s:.0f} s",
-        "| hang in | detect | localise | recovered | worst detect / collective timeout |",
-        "|---|---:|---:|---:|---:|",
+        "| hang in | detect | localise | recovered | worst detect / collective timeout | localised by |",
+        "|---|---:|---:|---:|---:|---|",
     ]
+    by: dict[str, list[str]] = {}
+    for s in summaries:
+        for inc in s.get("incidents", []):
+            by.setdefault(str(inc["fault"]), []).append(str(inc.get("localised_by") or "-"))
     for fault, cols in values.items():
         cells = [
             f"{statistics.median(cols[name]):.1f} ({max(cols[name]):.1f})" if cols.get(name) else "-"
             for name, _ in COLUMNS
         ]
         worst = max(cols.get("detect", [float("nan")]))
-        lines.append(f"| {fault} | " + " | ".join(cells) + f" | {worst / pg_timeout_s:.1%} |")
+        lines.append(
+            f"| {fault} | " + " | ".join(cells) + f" | {worst / pg_timeout_s:.1%} | {'; '.join(by[fault])} |"
+        )
     return "\n".join(lines)
 
 

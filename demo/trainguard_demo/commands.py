@@ -111,7 +111,7 @@ def demo(
 @click.option(
     "--fault",
     required=True,
-    help="xid, nic-down, nic-flap, gpu-lost, hang, hang-dataloader, "
+    help="xid, nic-down, nic-flap, gpu-lost, machine-freeze, hang, hang-dataloader, "
     "hang-checkpoint, hang-p2p, slow, nan, crash, user-error, oom",
 )
 @click.option("--xid", default=79, show_default=True, help="Xid code for --fault xid.")

@@ -2,14 +2,21 @@
 
 Machine-level faults land where a real machine would show them, so the exporter and the stream
 workers detect them the same way as in production: Xid and GPU-lost lines are appended to the
-machine's kernel log, a NIC going down or flapping is written into its sysfs tree.  Training
+machine's kernel log, a NIC going down or flapping is written into its sysfs tree; a machine
+freeze (``machine-freeze``: a kernel lockup, a node lost) stops every process of the machine --
+its exporter and its ranks -- with SIGSTOP, so it sends nothing at all, and lets them go on
+after :data:`FREEZE_S` (the node back up; by then a recovery has killed its ranks).  Training
 faults (hangs, slow rank, NaN, crash, user error, OOM) go through the ranks' fault hooks
 (:mod:`trainguard_demo.faults`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
+import signal
 import threading
 import time
 from datetime import UTC, datetime
@@ -18,7 +25,9 @@ from pathlib import Path
 from infra.config import Settings
 from trainguard_demo import faults
 
-MACHINE_FAULTS = ("xid", "nic-down", "nic-flap", "gpu-lost")
+MACHINE_FAULTS = ("xid", "nic-down", "nic-flap", "gpu-lost", "machine-freeze")
+#: how long a frozen machine stays frozen.
+FREEZE_S = 45.0
 ALL_FAULTS = (*MACHINE_FAULTS, *faults.KINDS)
 NIC = "ib0"
 
@@ -120,11 +129,59 @@ def inject(
 
         threading.Thread(target=flap, daemon=True).start()
         return f"{NIC} flapped (down 1 s) on {machine}"
+    if kind == "machine-freeze":
+        frozen = freeze_machine(cluster_dir, machine)
+        threading.Timer(FREEZE_S, thaw, args=(frozen,)).start()
+        return (
+            f"{machine} frozen: {len(frozen)} processes stopped (its exporter and ranks) for {FREEZE_S:.0f} s"
+        )
     if kind in faults.KINDS:
         persistent = kind in ("slow",)
         f = faults.inject_fault(cluster_dir, machine, kind, job=job, persistent=persistent)
         return f"{kind} on {machine} (fault {f.id})"
     raise ValueError(f"unknown fault {kind!r}; known: {', '.join(ALL_FAULTS)}")
+
+
+def _machine_processes(cluster_dir: Path, machine: str) -> list[tuple[int, str]]:
+    """(pid, start time) of every process of ``machine`` of this cluster: its exporter
+    (``--node``), its ranks and warm processes (``--machine``) and their children (a forked
+    DataLoader worker keeps its parent's command line)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            start = (entry / "stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        ours = any(str(cluster_dir) in a for a in args)
+        named = any(a in ("--node", "--machine") and b == machine for a, b in itertools.pairwise(args))
+        if ours and named:
+            out.append((int(entry.name), start))
+    return out
+
+
+def freeze_machine(cluster_dir: Path, machine: str) -> list[tuple[int, str]]:
+    """SIGSTOP every process of ``machine``; returns what was stopped (for :func:`thaw`)."""
+    frozen = _machine_processes(cluster_dir, machine)
+    for pid, _ in frozen:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGSTOP)
+    return frozen
+
+
+def thaw(frozen: list[tuple[int, str]]) -> None:
+    """SIGCONT what :func:`freeze_machine` stopped and still runs (the same process: its start time)."""
+    for pid, start in frozen:
+        try:
+            now = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            continue
+        if now == start:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def _mark_diagnostics(cluster_dir: Path, machine: str, **flags: bool) -> None:

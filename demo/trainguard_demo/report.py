@@ -14,6 +14,7 @@ done").
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -142,6 +143,7 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "AND ts_ms < %(n)s AND notEmpty(machines) AND action NOT IN ('none', 'ignore')",
         job, t_ms, t_next,
     )  # fmt: skip
+    localised_by = _localised_by(store, job, localised_ms) if localised_ms is not None else None
     recoveries = [rec for rec in recoveries_since(store, job, t_ms) if rec.ts_ms < t_next]
     acting = sorted((rec for rec in recoveries if rec.action not in NOT_ACTING), key=lambda rec: rec.ts_ms)
     decided_ms = _first_ts(
@@ -173,9 +175,29 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "decided_s": since_injection(decided_ms),
         "recovered_s": since_injection(recovered_ms),
         "action": action or ("tolerated" if detected_ms and not acting else None),
+        "localised_by": localised_by,
         "recovered": _recovered(injection, failed, action),
         "phases": _phases(t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, steps),
     }
+
+
+def _localised_by(store: ClickHouseStore, job: str, ts_ms: int) -> str | None:
+    """What named the machines: the detection's kind, and for a stack capture's verdict the
+    witnesses that decided it (``stacks``, ``flight_recorder``, ``both``, ``union``)."""
+    rows = store.query(
+        "SELECT evidence FROM decisions FINAL WHERE job = %(j)s AND ts_ms = %(t)s "
+        "AND notEmpty(machines) LIMIT 1",
+        {"j": job, "t": ts_ms},
+    )
+    if not rows:
+        return None
+    try:
+        evidence = json.loads(rows[0][0])
+    except (TypeError, ValueError):
+        return None
+    kind = str((evidence.get("detection") or {}).get("kind") or "")
+    witnesses = (evidence.get("analysis") or {}).get("decided_by")
+    return f"{kind} ({witnesses})" if witnesses else kind or None
 
 
 def stepping_after(store: ClickHouseStore, job: str, recoveries: list[Recovery]) -> int | None:
@@ -305,7 +327,7 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
     echo("\nIncident timeline (seconds after injection)")
     echo(
         f"{'fault':<17}{'machine':<16}{'detected':>9}{'localised':>10}{'decided':>9}{'recovered':>10}"
-        f"  {'action':<10}ok"
+        f"  {'action':<10}ok   localised by"
     )
 
     def seconds(value: Any) -> str:
@@ -316,7 +338,7 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
             f"{incident['fault']:<17}{incident['machine']:<16}{seconds(incident['detected_s']):>9}"
             f"{seconds(incident['localised_s']):>10}{seconds(incident['decided_s']):>9}"
             f"{seconds(incident['recovered_s']):>10}  {incident['action']!s:<10}"
-            f"{'yes' if incident['recovered'] else 'NO'}"
+            f"{'yes' if incident['recovered'] else 'NO':<5}{incident.get('localised_by') or '-'}"
         )
     echo(
         f"\nETTR (ClickHouse): {summary['ettr']:.1%} over {summary['wall_s']:.0f}s wall "
