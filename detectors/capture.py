@@ -10,7 +10,7 @@ Pure: the caller supplies the clock and runs :meth:`analyze` off its event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from detectors.detections import detection_from_finding
 from detectors.eviction import preference_order
@@ -35,6 +35,10 @@ HANG_KINDS = ("hang", "hang_suspect")
 #: a capture handed over for analysis holds its job's next capture back at most this long (an
 #: analysis takes about a second even at 9,600 ranks; a lost hand-back must not block the job).
 ANALYSIS_GRACE_MS = 60_000
+#: a hang's capture counts a collective as stuck in the Flight Recorder once it waited this share
+#: of the stall threshold (or ``min_stuck_s``, if less): the stall already says the job has not
+#: stepped for that long, and a fast job's threshold (2 s in the demo) is under ``min_stuck_s``.
+FR_STUCK_SHARE = 0.4
 #: the error an exporter answers for a rank whose reporter did not turn the Flight Recorder on:
 #: the job has no recorder there, so the recorder is no witness for this capture.
 FR_NOT_ENABLED = "not enabled"
@@ -117,6 +121,8 @@ class Capture:
     #: whether the ranks were asked for their Flight Recorder dumps, and their answers by rank.
     flight_recorder: bool = False
     fr: dict[int, FlightRecorderDump] = field(default_factory=dict)
+    #: a hang's capture: the stall threshold of the detection that asked for it (seconds).
+    stall_threshold_s: float | None = None
 
     def add(self, d: StackDump) -> None:
         self.dumps.append(d)
@@ -142,6 +148,11 @@ class Capture:
         if not dumps:
             return None, {**info, "used": False, "reason": "no rank could dump its Flight Recorder"}
         dump_ns = {r: d.ts_ms * 1_000_000 for r, d in self.fr.items() if not d.error}
+        config = config or FlightRecorderConfig()
+        if self.stall_threshold_s is not None:
+            stuck = min(config.min_stuck_s, FR_STUCK_SHARE * self.stall_threshold_s)
+            config = replace(config, min_stuck_s=stuck)
+            info["min_stuck_s"] = round(stuck, 3)
         try:
             result = analyze_dumps(dumps, self.topology, dump_ns, config)
         except ValueError as exc:
@@ -157,8 +168,15 @@ class Capture:
         world = set(range(self.topology.world_size))
         return {r: sorted(world - got.get(r, set())) for r in range(self.rounds) if world - got.get(r, set())}
 
+    def fr_missing(self) -> list[int]:
+        """Ranks whose Flight Recorder has not answered (none when it was not asked)."""
+        if not self.flight_recorder:
+            return []
+        return [r for r in range(self.topology.world_size) if r not in self.fr]
+
     def ready(self, now_ms: int) -> bool:
-        return now_ms >= self.not_before_ms and (not self.missing() or now_ms >= self.deadline_ms)
+        answered = not self.missing() and not self.fr_missing()
+        return now_ms >= self.not_before_ms and (answered or now_ms >= self.deadline_ms)
 
     def answered_rounds(self) -> int:
         """How many of the leading rounds have at least one main-process dump: a round nobody
@@ -360,6 +378,9 @@ class Captures:
         if category in FAIL_SLOW_CATEGORIES and isinstance(detection.get("ranks"), list):
             world = topology.world_size
             cap.hint = tuple(sorted({r for r in detection["ranks"] if isinstance(r, int) and 0 <= r < world}))
+        threshold = detection.get("threshold_s")
+        if detection.get("kind") in HANG_KINDS and isinstance(threshold, int | float) and threshold > 0:
+            cap.stall_threshold_s = float(threshold)
         if detection.get("kind") in HANG_KINDS and isinstance(detection.get("source_ts_ms"), int):
             cap.stalled_since_ms = int(detection["source_ts_ms"])
             if isinstance(detection.get("confirm_at_ms"), int):

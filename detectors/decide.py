@@ -123,8 +123,9 @@ class DecisionPolicy:
                     "node": d.node,
                     "ranks": list(d.ranks),
                     "source_ts_ms": d.source_ts_ms,
-                    # a hang suspicion's capture is judged no earlier (two-phase detection).
-                    **{k: d.evidence[k] for k in ("confirm_at_ms",) if k in d.evidence},
+                    # a hang suspicion's capture is judged no earlier (two-phase detection), and
+                    # the stall threshold tells the capture how long a stuck collective has waited.
+                    **{k: d.evidence[k] for k in ("confirm_at_ms", "threshold_s") if k in d.evidence},
                 },
                 **({"analysis": d.evidence} if d.kind == "over_eviction" else {}),
             },

@@ -245,11 +245,10 @@ class DetectionPath:
         of recorded dumps, which carry the recording run's capture ids)."""
         if not by_job:
             return self.captures.add(dump)
-        cap = next((c for c in self.captures.pending.values() if c.job == dump.job), None)
-        if cap is None:
-            return False
-        cap.add(dump)
-        return True
+        cap = self._pending_of(dump.job)
+        if cap is not None:
+            cap.add(dump)
+        return cap is not None
 
     def add_fr_dump(self, dump: FlightRecorderDump, by_job: bool = False) -> bool:
         """File a Flight Recorder answer under its pending capture (False: none pending; a
@@ -259,11 +258,13 @@ class DetectionPath:
             return False
         if not by_job:
             return self.captures.add_fr(dump)
-        cap = next((c for c in self.captures.pending.values() if c.job == dump.job), None)
-        if cap is None:
-            return False
-        cap.add_fr(dump)
-        return True
+        cap = self._pending_of(dump.job)
+        if cap is not None:
+            cap.add_fr(dump)
+        return cap is not None
+
+    def _pending_of(self, job: str) -> Capture | None:
+        return next((c for c in self.captures.pending.values() if c.job == job), None)
 
     def capture_complete(self, dump: StackDump | FlightRecorderDump) -> bool:
         """Whether ``dump`` completed its capture (judge it now rather than at the next tick)."""

@@ -122,18 +122,22 @@ def k8s_job(k8s_cluster: K8sCluster, tmp_path: Path) -> Any:
     ex = KubernetesExecutor(cfg, ExecutorEnv(state_dir=tmp_path / "state"))
     name = f"job-{uuid.uuid4().hex[:6]}"
     yield name, ex, out
-    # Leave the cluster as found: this job's pods gone, nodes uncordoned.
-    core = admin(k8s_cluster)
+    clean_up(k8s_cluster, name)
+    ex.close()
+
+
+def clean_up(cluster: K8sCluster, job: str) -> None:
+    """Leave the cluster as found: ``job``'s pods gone, every node uncordoned."""
+    core = admin(cluster)
     core.delete_collection_namespaced_pod(
-        "training", label_selector=f"trainguard.io/job={name}", grace_period_seconds=0
+        "training", label_selector=f"trainguard.io/job={job}", grace_period_seconds=0
     )
     wait_until(
-        lambda: not core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={name}").items,
+        lambda: not core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={job}").items,
         30,
-        f"the pods of {name} to go",
+        f"the pods of {job} to go",
     )
-    restore_nodes(k8s_cluster)
-    ex.close()
+    restore_nodes(cluster)
 
 
 def beat(out: Path, node: str, role: str = "train") -> dict[str, Any] | None:

@@ -155,7 +155,8 @@ def _machine_processes(cluster_dir: Path, machine: str) -> list[tuple[int, str]]
             start = (entry / "stat").read_text().rsplit(")", 1)[1].split()[19]
         except (OSError, IndexError):
             continue
-        args = [a.decode(errors="replace") for a in argv]
+        # A warm process that became a rank set its title (setproctitle): one string, spaces.
+        args = b" ".join(argv).decode(errors="replace").split()
         ours = any(str(cluster_dir) in a for a in args)
         named = any(a in ("--node", "--machine") and b == machine for a, b in itertools.pairwise(args))
         if ours and named:

@@ -26,7 +26,7 @@ from actions.executors.kubernetes import (
     KubernetesExecutorConfig,
 )
 from infra.stack.k8s import K8sCluster
-from tests.k8s_fixture import admin, ctx, make_spec, restore_nodes, template
+from tests.k8s_fixture import admin, clean_up, ctx, make_spec, template
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -54,16 +54,7 @@ def checked(k8s_cluster: K8sCluster, tmp_path: Path) -> Any:
     ex = KubernetesExecutor(cfg, ExecutorEnv(state_dir=tmp_path / "state"))
     name = f"job-{tmp_path.name[-6:].lower().replace('_', '-')}"
     yield name, ex, out
-    core = admin(k8s_cluster)
-    core.delete_collection_namespaced_pod(
-        "training", label_selector=f"trainguard.io/job={name}", grace_period_seconds=0
-    )
-    wait_until(
-        lambda: not core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={name}").items,
-        30,
-        f"the pods of {name} to go",
-    )
-    restore_nodes(k8s_cluster)
+    clean_up(k8s_cluster, name)
     ex.close()
 
 

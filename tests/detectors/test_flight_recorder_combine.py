@@ -135,3 +135,26 @@ def test_a_rank_without_a_recorder_takes_the_recorder_out(error: str, used: bool
     analysis = det.evidence
     assert analysis["flight_recorder"]["used"] is used
     assert (det.action is Action.EVICT) is used  # without the recorder, idle stacks evict no one
+
+
+def test_a_fast_jobs_stall_threshold_shortens_what_counts_as_stuck() -> None:
+    _, dumps, dump_ns = _fr("tp2pp2dp2_compute_hang")
+    cap = Capture(
+        "c1", "j", TOPO, rounds=1, deadline_ms=10, requested_ms=0, flight_recorder=True, stall_threshold_s=2.0
+    )
+    for rank, d in dumps.items():
+        cap.add_fr(dump_to_event(d, job="j", node="m", ts_ms=dump_ns[rank] // 1_000_000, capture_id="c1"))
+    _, info = cap.flight_recorder_result()
+    assert info["min_stuck_s"] == 0.8  # 0.4 x the 2 s threshold, under the 3 s default
+
+
+def test_a_capture_is_ready_only_with_every_recorder_answer_or_at_its_deadline() -> None:
+    cap = Capture("c1", "j", TOPO, rounds=1, deadline_ms=10_000, requested_ms=0, flight_recorder=True)
+    _idle_stacks(cap)
+    assert cap.fr_missing() == list(range(8)) and not cap.ready(1_000)
+    for rank in range(8):
+        cap.add_fr(FlightRecorderDump(job="j", node="m", rank=rank, ts_ms=1, capture_id="c1", error="x"))
+    assert cap.ready(1_000)
+    late = Capture("c2", "j", TOPO, rounds=1, deadline_ms=10_000, requested_ms=0, flight_recorder=True)
+    _idle_stacks(late)
+    assert late.ready(10_000)  # the deadline: missing answers are evidence, not a reason to wait

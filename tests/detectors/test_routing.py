@@ -23,7 +23,7 @@ from schemas.control import Command, CommandKind, Decision, Detection, JobSpec
 from schemas.enums import Action, ProcessRole
 from schemas.topics import DECISIONS, DETECTIONS, GPU, HEARTBEATS, JOBS, STACKS
 from schemas.topology import JobTopology
-from schemas.workload import LogLine, StackDump
+from schemas.workload import FlightRecorderDump, LogLine, StackDump
 
 ROOT = Path(__file__).resolve().parents[2]
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
@@ -110,6 +110,12 @@ def test_an_aggregate_decision_asks_every_machine_for_stacks_then_analyses_them(
             job="j", node=f"m{rank}", rank=rank, pid=10 + rank, capture_id=capture_id, ts_ms=5_100
         )
         assert dump.role is ProcessRole.MAIN and path.add_dump(dump)
+    assert path.due_captures(5_150) == []  # a hang's capture waits for the Flight Recorders too
+    for rank in range(2):
+        fr = FlightRecorderDump(
+            job="j", node=f"m{rank}", rank=rank, ts_ms=5_100, capture_id=capture_id, error="no dump within 5s"
+        )
+        assert path.add_fr_dump(fr)
     (cap,) = path.due_captures(5_200)  # every rank answered: due before the deadline
     verdict = path.analyze(cap, 5_200)
     assert (verdict.kind, verdict.evidence["capture_id"], verdict.evidence["dumps"]) == (
