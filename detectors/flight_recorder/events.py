@@ -2,8 +2,12 @@
 
 The exporter parses a dump where it was written (restricted unpickler, :mod:`.load`) and ships
 the parsed content, never the pickle: what crosses the bus is plain data a worker can read without
-trusting the node.  Only the newest ``max_entries`` entries travel (the newest say where each
-group's collectives stand); ``dropped`` counts the rest.  Pure.
+trusting the node.  Only the newest entries travel -- the newest ``per_group`` of each process
+group (where each group's collectives stand: a rank's tensor-parallel group records hundreds of
+collectives a step, its data-parallel group a few, and a cap on all entries together would
+crowd the quiet groups out), at most ``max_entries`` in all; ``dropped`` counts the rest.  A full
+2,000-entry demo dump was a 456 KB event (58 ms to encode, 32 ms to decode); 100 per group of its
+3 groups, under 60 KB.  Pure.
 """
 
 from __future__ import annotations
@@ -41,9 +45,17 @@ def dump_to_event(
     trigger: str = "capture",
     pid: int = 0,
     max_entries: int = 2000,
+    per_group: int = 100,
 ) -> FlightRecorderDump:
-    """``dump`` as the event the exporter publishes (its newest ``max_entries`` entries)."""
-    kept = dump.entries[-max_entries:] if max_entries > 0 else ()
+    """``dump`` as the event the exporter publishes (see the module docstring for what is kept)."""
+    seen: dict[str, int] = {}
+    newest_first = []
+    for e in reversed(dump.entries):
+        n = seen.get(e.group, 0)
+        if n < per_group:
+            seen[e.group] = n + 1
+            newest_first.append(e)
+    kept = newest_first[:max_entries][::-1] if max_entries > 0 else []
     return FlightRecorderDump(
         job=job,
         node=node,

@@ -190,6 +190,9 @@ class FlightRecorderConfig:
     max_bytes: int = field(default=16 * 1024 * 1024, metadata=bounds(1024, 1 << 30))
     #: newest entries shipped per dump (PyTorch's ring buffer holds 2,000 by default).
     max_entries: int = field(default=2000, metadata=bounds(1, MAX_FR_ENTRIES))
+    #: ... and at most this many of each process group (the newest say where it stands; a
+    #: group that records hundreds of collectives a step would crowd out the quiet ones).
+    max_entries_per_group: int = field(default=100, metadata=bounds(1, MAX_FR_ENTRIES))
     #: how often PyTorch's own timeout dumps are looked for.
     timeout_poll_s: float = field(default=2.0, metadata=bounds(0.05, 3600))
     #: a timeout dump is read once its size and mtime have not changed for this long (PyTorch

@@ -198,6 +198,7 @@ class FlightRecorderCollector:
                 trigger=trigger,
                 pid=pid,
                 max_entries=self.cfg.max_entries,
+                per_group=self.cfg.max_entries_per_group,
             )
         except (OSError, ValueError, TypeError) as exc:  # FlightRecorderError is a ValueError
             why = str(exc) if isinstance(exc, FlightRecorderError) else f"{path.name}: {exc}"

@@ -47,3 +47,15 @@ def test_only_the_newest_entries_travel() -> None:
 def test_an_unknown_trigger_is_refused() -> None:
     with pytest.raises(ValueError, match="trigger"):
         FlightRecorderDump(job="j", node="n", rank=0, ts_ms=1, trigger="whenever")
+
+
+def test_each_group_keeps_its_newest_entries() -> None:
+    d = load_dump_dir(FIXTURES / CASES[0] / "pickle")[0]
+    groups = {e.group for e in d.entries}
+    ev = dump_to_event(d, job="j", node="n1", ts_ms=1, per_group=2)
+    kept = [(e.group, e.record_id) for e in ev.entries]
+    want = [
+        (e.group, e.record_id) for e in d.entries if e in [x for x in d.entries if x.group == e.group][-2:]
+    ]
+    assert kept == want and {g for g, _ in kept} == groups
+    assert ev.dropped == len(d.entries) - len(kept)
