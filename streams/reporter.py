@@ -74,6 +74,9 @@ FR_CAPTURE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 #: file system's clock is coarse (a few ms behind ``time.time()``), so a slack avoids skipping a
 #: request written right after start.
 FR_START_SLACK_S = 1.0
+#: how often the registration's modification time is refreshed (the exporter's liveness check
+#: across pid namespaces: ``flight_recorder.registration_fresh_s``).
+FR_REFRESH_S = 5.0
 #: capture ids remembered as answered (only requests still present are kept, so this is a cap).
 FR_MAX_HANDLED = 1024
 
@@ -209,9 +212,15 @@ class FlightRecorderAgent:
             pass
 
     def _run(self) -> None:
+        refreshed = time.monotonic()
         while not self._stop.wait(FR_POLL_S):
             try:
                 self.poll()
+                if time.monotonic() - refreshed >= FR_REFRESH_S:
+                    # A fresh registration says "alive" where the exporter cannot check the pid
+                    # (it runs in another pid namespace: a training pod without hostPID).
+                    refreshed = time.monotonic()
+                    os.utime(self.registration)
             except Exception as exc:  # never into training: the next poll tries again
                 log.warning("reporter: Flight Recorder poll failed: %s", exc)
 

@@ -193,6 +193,9 @@ class FlightRecorderConfig:
     #: ... and at most this many of each process group (the newest say where it stands; a
     #: group that records hundreds of collectives a step would crowd out the quiet ones).
     max_entries_per_group: int = field(default=100, metadata=bounds(1, MAX_FR_ENTRIES))
+    #: a registration whose pid is not alive here counts as a live rank while its file is this
+    #: fresh (reporters refresh it every 5 s): the rank runs in another pid namespace.  0: off.
+    registration_fresh_s: float = field(default=20.0, metadata=bounds(0, 3600))
     #: how often PyTorch's own timeout dumps are looked for.
     timeout_poll_s: float = field(default=2.0, metadata=bounds(0.05, 3600))
     #: a timeout dump is read once its size and mtime have not changed for this long (PyTorch

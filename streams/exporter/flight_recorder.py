@@ -89,8 +89,13 @@ def read_regular(path: Path, max_bytes: int) -> tuple[bytes, int]:
     return data, st.st_mtime_ns // 1_000_000
 
 
-def read_registrations(ranks_dir: Path, alive: Callable[[int], bool]) -> dict[int, Registration]:
-    """The registrations of live processes, by rank (a dead pid's file is a killed rank's)."""
+def read_registrations(
+    ranks_dir: Path, alive: Callable[[int], bool], fresh_s: float = 0.0
+) -> dict[int, Registration]:
+    """The registrations of live processes, by rank (a dead pid's file is a killed rank's).  A
+    rank whose pid is not alive here but whose file was refreshed within ``fresh_s`` counts as
+    live too: its pid is in another pid namespace (a training pod without ``hostPID``)."""
+    now = time.time()
     out: dict[int, Registration] = {}
     try:
         paths = sorted(p for p in ranks_dir.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
@@ -98,12 +103,14 @@ def read_registrations(ranks_dir: Path, alive: Callable[[int], bool]) -> dict[in
         return out
     for p in paths:
         try:
-            doc = json.loads(read_regular(p, 4096)[0])
+            raw, mtime_ms = read_regular(p, 4096)
+            doc = json.loads(raw)
             reg = Registration(int(doc["rank"]), int(doc["pid"]), str(doc.get("job") or ""))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("flight recorder: ignoring registration %s: %s", p, exc)
             continue
-        if reg.rank >= 0 and reg.pid > 0 and alive(reg.pid):
+        fresh = fresh_s > 0 and now - mtime_ms / 1000 <= fresh_s
+        if reg.rank >= 0 and reg.pid > 0 and (alive(reg.pid) or fresh):
             out[reg.rank] = reg
     return out
 
@@ -244,7 +251,7 @@ class FlightRecorderCollector:
         """One capture, blocking (up to ``wait_s``): one event per local rank; returns how many."""
         started = time.monotonic()
         self.sweep_stale()
-        registered = read_registrations(self.dir / "ranks", self.alive)
+        registered = read_registrations(self.dir / "ranks", self.alive, self.cfg.registration_fresh_s)
         unregistered = self._unregistered_ranks(registered)
         if not CAPTURE_ID.fullmatch(capture_id):  # never a path outside the directory
             self._fail(f"capture id {capture_id!r} is not usable as a file name")

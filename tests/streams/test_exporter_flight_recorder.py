@@ -27,7 +27,7 @@ from schemas.enums import ProcessRole
 from schemas.topology import JobTopology
 from schemas.workload import FlightRecorderDump
 from streams.exporter.config import FlightRecorderConfig, load_exporter_config
-from streams.exporter.flight_recorder import NOT_ENABLED, STALE_S, FlightRecorderCollector
+from streams.exporter.flight_recorder import NOT_ENABLED, STALE_S, FlightRecorderCollector, read_registrations
 from streams.exporter.sources.process import TrackedProcess
 from tests.net import free_port
 from tests.waiting import wait_until
@@ -123,7 +123,8 @@ def register(fr: Path, rank: int, pid: int, job: str = "job-fr") -> None:
 def collector(
     fr: Path, published: Published, procs: list[TrackedProcess] | None = None, **cfg: float
 ) -> FlightRecorderCollector:
-    settings = {"wait_s": 1.0, "timeout_poll_s": 0.05, "settle_s": 0.0, **cfg}
+    # Same pid namespace: a registration is live when its pid is (the fallback has its own test).
+    settings = {"wait_s": 1.0, "timeout_poll_s": 0.05, "settle_s": 0.0, "registration_fresh_s": 0.0, **cfg}
     return FlightRecorderCollector(
         FlightRecorderConfig(dir=str(fr), **settings),  # type: ignore[arg-type]
         "node-fr",
@@ -419,3 +420,17 @@ def test_real_gloo_job_capture_finds_the_computing_rank(tmp_path: Path) -> None:
             p.wait()
         for fh in logs:
             fh.close()
+
+
+def test_a_fresh_registration_counts_where_its_pid_means_nothing(tmp_path: Path) -> None:
+    """A rank in another pid namespace (a pod without hostPID): its pid is not alive here, but
+    the reporter keeps its registration fresh, so it is asked; a stale one is a gone rank's."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for rank in (0, 1):
+        (ranks / f"{rank}.json").write_text(json.dumps({"rank": rank, "pid": 7, "job": "j"}))
+    old = time.time() - 60
+    os.utime(ranks / "1.json", (old, old))
+    assert sorted(read_registrations(ranks, lambda pid: False, fresh_s=20.0)) == [0]
+    assert read_registrations(ranks, lambda pid: False, fresh_s=0.0) == {}
+    assert sorted(read_registrations(ranks, lambda pid: True, fresh_s=0.0)) == [0, 1]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from streams import reporter as reporter_module
 from streams.reporter import FR_POLL_S, Reporter
 from tests.waiting import wait_until
 
@@ -136,4 +137,18 @@ def test_unusable_directory_never_stops_training(tmp_path: Path) -> None:
     blocker.write_text("")  # a file where the directory should be
     rep = reporter(tmp_path, fr_dir=str(blocker / "fr"))
     rep.step(1, loss=1.0)
+    rep.close(exit_code=0)
+
+
+def test_the_registration_is_kept_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its modification time is the exporter's liveness check across pid namespaces."""
+    monkeypatch.setattr(reporter_module, "FR_REFRESH_S", 0.3)
+    rep = reporter(tmp_path)
+    reg = tmp_path / "fr" / "ranks" / "3.json"
+    old = time.time() - 60
+    os.utime(reg, (old, old))
+    deadline = time.monotonic() + 5
+    while reg.stat().st_mtime < time.time() - 10 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert reg.stat().st_mtime >= time.time() - 10
     rep.close(exit_code=0)
