@@ -26,7 +26,8 @@ collective timeout into ``<fr_dir>/timeout/rank_<R>``; both are read when the fi
 is made, so **create the Reporter before** ``init_process_group``.  It also answers the node
 exporter's captures: the rank registers in ``<fr_dir>/ranks/<R>.json``, and a thread
 (``trainguard-fr``) polls ``<fr_dir>/requests/`` every 0.25 s; for each new request it writes the
-rank's dump (``_dump_fr_trace_json``) to ``<fr_dir>/dumps/<capture_id>/rank_<R>``, or why it
+rank's dump (PyTorch's JSON of both its recorders, NCCL's and the generic one, merged) to
+``<fr_dir>/dumps/<capture_id>/rank_<R>``, or why it
 could not to ``rank_<R>.error``.  The dump runs on that thread, so it answers while the main thread
 is blocked in a collective or busy in Python, and ``step()`` never waits for it.  ``fr_dir`` is
 ``$TRAINGUARD_FR_DIR``, else ``fr`` beside the exporter socket (where the exporter looks by
@@ -135,8 +136,15 @@ class NoFlightRecorderDump(Exception):
     """Why this process has no Flight Recorder dump to give (one line)."""
 
 
+#: PyTorch's JSON dump functions: NCCL's recorder (NCCL groups record there only: the generic
+#: recorder's dump of a 1-rank NCCL job on an H100 held no entry, torch 2.11) and the generic one
+#: (gloo and the other backends).  The older name of each is tried when the newer is missing.
+_DUMPERS = (("_dump_nccl_trace_json",), ("_dump_fr_trace_json",))
+
+
 def torch_flight_recorder_dump() -> bytes:
-    """This process's Flight Recorder dump (PyTorch's JSON), or :class:`NoFlightRecorderDump`.
+    """This process's Flight Recorder dump (PyTorch's JSON: both of its recorders merged, see
+    :func:`merge_dumps`), or :class:`NoFlightRecorderDump`.
 
     Torch is looked up, never imported: a process that has not imported and initialised
     ``torch.distributed`` has no recorder to dump, and importing torch here would cost seconds
@@ -149,12 +157,42 @@ def torch_flight_recorder_dump() -> bytes:
     c10d = sys.modules.get("torch._C._distributed_c10d") or getattr(
         getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None
     )
-    # _dump_nccl_trace_json: PyTorch before the recorder served every backend (NCCL only).
-    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
-    if dump is None:
-        raise NoFlightRecorderDump("this PyTorch has no Flight Recorder (no _dump_fr_trace_json)")
-    data = dump()
-    return data.encode() if isinstance(data, str) else bytes(data)
+    docs, errors = [], []
+    for names in _DUMPERS:
+        fn = next((getattr(c10d, n) for n in names if getattr(c10d, n, None) is not None), None)
+        if fn is None:
+            continue
+        try:
+            data = fn()
+            doc = json.loads(data.decode() if isinstance(data, bytes | bytearray) else data)
+        except Exception as exc:  # a build without NCCL, or no such recorder in this process
+            errors.append(f"{names[0]}: {type(exc).__name__}: {exc}")
+            continue
+        if isinstance(doc, dict):
+            docs.append(doc)
+    if not docs:
+        why = "; ".join(errors) or "this PyTorch has no Flight Recorder (no _dump_fr_trace_json)"
+        raise NoFlightRecorderDump(why)
+    return json.dumps(merge_dumps(docs), separators=(",", ":")).encode()
+
+
+def merge_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One dump from PyTorch's two recorders' (NCCL's and the generic one): every process group
+    and every entry, the entries in the order they were created.  A recorder with no entry adds
+    nothing (its version and groups would only repeat the other's)."""
+    useful = [d for d in docs if d.get("entries")] or docs[:1]
+    if len(useful) == 1:
+        return useful[0]
+    out = dict(useful[0])
+    for key in ("pg_config", "pg_status"):
+        merged: dict[str, Any] = {}
+        for d in useful:
+            if isinstance(d.get(key), dict):
+                merged.update(d[key])
+        out[key] = merged
+    entries = [e for d in useful for e in d.get("entries") or [] if isinstance(e, dict)]
+    out["entries"] = sorted(entries, key=lambda e: e.get("time_created_ns") or 0)
+    return out
 
 
 class FlightRecorderAgent:

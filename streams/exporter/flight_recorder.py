@@ -352,7 +352,7 @@ class FlightRecorderCollector:
             seen.add(name)
             if self._settled(tdir / name, name, now):
                 if jobs is None:  # the job of a rank, when this exporter serves any job
-                    regs = read_registrations(self.dir / "ranks", self.alive)
+                    regs = read_registrations(self.dir / "ranks", self.alive, self.cfg.registration_fresh_s)
                     jobs = {r: reg.job for r, reg in regs.items()}
                 rank = int(m.group(1))
                 self._take_timeout_dump(tdir / name, rank, jobs.get(rank, ""))

@@ -434,3 +434,21 @@ def test_a_fresh_registration_counts_where_its_pid_means_nothing(tmp_path: Path)
     assert sorted(read_registrations(ranks, lambda pid: False, fresh_s=20.0)) == [0]
     assert read_registrations(ranks, lambda pid: False, fresh_s=0.0) == {}
     assert sorted(read_registrations(ranks, lambda pid: True, fresh_s=0.0)) == [0, 1]
+
+
+def test_a_real_nccl_timeout_dump_is_shipped(tmp_path: Path) -> None:
+    """The dump PyTorch's NCCL watchdog wrote on a real collective timeout (H100, the reporter's
+    TORCH_FR_DUMP_TEMP_FILE): picked up and shipped as it is, the timed-out collective last."""
+    tdir = tmp_path / "fr" / "timeout"
+    tdir.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "fixtures" / "flight_recorder_nccl" / "timeout" / "rank_0", tdir / "rank_0")
+    published = Published()
+    cfg = FlightRecorderConfig(dir=str(tmp_path / "fr"), timeout_poll_s=0.05, settle_s=0.0)
+    col = FlightRecorderCollector(cfg, "gpu0", "job-nccl", list, published)
+    assert col.scan_timeouts() == 1 and len(published) == 1  # settle_s 0: taken at first sight
+    (ev,) = published.by_rank().values()
+    assert (ev.trigger, ev.job, ev.fr_version, ev.error) == ("timeout", "job-nccl", "2.10", "")
+    assert [g.ranks for g in ev.groups] == [[0]]
+    last = ev.entries[-1]
+    assert (last.seq, last.op, last.state, last.completed_ns) == (11, "nccl:all_reduce", "scheduled", 0)
+    assert not (tdir / "rank_0").exists()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from streams import reporter as reporter_module
-from streams.reporter import FR_POLL_S, Reporter
+from streams.reporter import FR_POLL_S, Reporter, merge_dumps
 from tests.waiting import wait_until
 
 TORCH_VARS = (
@@ -152,3 +152,20 @@ def test_the_registration_is_kept_fresh(tmp_path: Path, monkeypatch: pytest.Monk
         time.sleep(0.1)
     assert reg.stat().st_mtime >= time.time() - 10
     rep.close(exit_code=0)
+
+
+def test_both_recorders_are_merged_into_one_dump() -> None:
+    """NCCL groups record in NCCL's own recorder (real H100 dump), gloo groups in the generic one
+    (real gloo dump): a rank using both gives one dump with every group and entry, by time."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    nccl = json.loads((fixtures / "flight_recorder_nccl" / "request_json" / "fr_trace_rank_0").read_text())
+    gloo = json.loads(
+        (fixtures / "flight_recorder" / "tp2pp2dp2_healthy" / "json" / "fr_trace_rank_0").read_text()
+    )
+    empty = {"version": "2.10", "pg_config": {}, "entries": []}
+    merged = merge_dumps([nccl, gloo])
+    assert len(merged["entries"]) == len(nccl["entries"]) + len(gloo["entries"])
+    created = [e["time_created_ns"] for e in merged["entries"]]
+    assert created == sorted(created)
+    assert set(merged["pg_config"]) == set(nccl["pg_config"]) | set(gloo["pg_config"])
+    assert merge_dumps([nccl, empty]) is nccl and merge_dumps([empty, gloo]) is gloo
