@@ -17,7 +17,8 @@ group's ranks, entries in ``scheduled`` / ``started`` / ``completed``), not a mu
   times it out and writes the dump itself, into the reporter's ``fr/timeout/rank_0`` -- the file
   the node exporter collects.
 
-``python3 scripts/record_nccl_fr.py OUT`` writes ``OUT/request/<function>/fr_trace_rank_0``,
+``--pair OUT`` records a 2-rank hang (``OUT/pair_pickle/fr_trace_rank_{0,1}``) on a machine with
+two GPUs.  ``python3 scripts/record_nccl_fr.py OUT`` writes ``OUT/request/<function>/fr_trace_rank_0``,
 ``OUT/timeout/rank_0`` and ``OUT/manifest.json`` (torch and NCCL versions, the API used, dump
 times, the timeout job's exit).  Needs CUDA and NCCL; the repository root on ``sys.path``.
 """
@@ -94,6 +95,36 @@ def request_job(out: Path) -> dict[str, object]:
     return info
 
 
+def pair_rank(out: Path, rank: int, port: int) -> None:
+    """One of two ranks, each on a GPU of its own: 10 all-reduces, then rank 1 skips the 11th
+    while rank 0 enters it; both dump 4 s later (a real 2-rank hang in NCCL's recorder).  Needs two
+    GPUs: on one, NCCL refuses the pair ("Duplicate GPU detected : rank 0 and rank 1 both on CUDA
+    device", NCCL 2.28.9 on the lent H100, 2026-11-27)."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=rank, world_size=2, device_id=device)
+    x = torch.ones(1 << 20, device=device)
+    for _ in range(10):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    if rank == 0:
+        dist.all_reduce(x)  # rank 1 never joins
+    time.sleep(4)
+    from torch._C import _distributed_c10d as c10d
+
+    data = getattr(c10d, "_dump_nccl_trace")()  # noqa: B009 -- not in the type stubs
+    (out / "pair_pickle").mkdir(parents=True, exist_ok=True)
+    (out / "pair_pickle" / f"fr_trace_rank_{rank}").write_bytes(data)
+    print(f"rank {rank}: dumped {len(data)} bytes at {time.time_ns()}", flush=True)
+    os._exit(0)  # the hung collective would block a clean exit
+
+
 def timeout_job(out: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from streams.reporter import Reporter
@@ -125,6 +156,23 @@ def timeout_job(out: Path) -> None:
 
 
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--pair":
+        out, port = Path(sys.argv[2]), _port()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        procs = [
+            subprocess.Popen([sys.executable, __file__, "--pair-rank", str(out), str(r), str(port)], env=env)
+            for r in (0, 1)
+        ]
+        for proc in procs:
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        print("pair exits:", [proc.returncode for proc in procs], flush=True)
+        return 0
+    if len(sys.argv) == 5 and sys.argv[1] == "--pair-rank":
+        pair_rank(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        return 0
     if len(sys.argv) == 3 and sys.argv[1] in ("--request", "--timeout"):
         out = Path(sys.argv[2])
         if sys.argv[1] == "--request":
