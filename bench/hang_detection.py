@@ -13,8 +13,9 @@ and prints, per kind, the median and the worst over the runs of:
   stack capture, or the hang itself);
 * ``localise``: injection -> the decision naming the machines to evict (the capture's verdict);
 * ``recovered``: injection -> training steps again;
-* ``localised by``: what named the machines, in each run (the detection's kind; for a stack
-  capture's verdict, which witnesses decided it: the stacks, the Flight Recorder, or both);
+* ``decided by``: what the eviction carried out came from, in each run (the detection's kind;
+  for a stack capture's verdict, which witnesses decided it: the stacks, the Flight Recorder,
+  both, or the group holding both's suspects);
 
 next to the stall threshold the demo derives from its step time and the job's collective
 (gloo) timeout, which is what would find the hang without TrainGuard.  The injection is when the
@@ -74,13 +75,13 @@ def table(summaries: list[dict[str, Any]], pg_timeout_s: float, threshold: str) 
     lines = [
         f"{len(summaries)} run(s); seconds, median (worst); stall threshold {threshold}; "
         f"collective timeout {pg_timeout_s:.0f} s",
-        "| hang in | detect | localise | recovered | worst detect / collective timeout | localised by |",
+        "| hang in | detect | localise | recovered | worst detect / collective timeout | decided by |",
         "|---|---:|---:|---:|---:|---|",
     ]
     by: dict[str, list[str]] = {}
     for s in summaries:
         for inc in s.get("incidents", []):
-            by.setdefault(str(inc["fault"]), []).append(str(inc.get("localised_by") or "-"))
+            by.setdefault(str(inc["fault"]), []).append(str(inc.get("decided_by") or "-"))
     for fault, cols in values.items():
         cells = [
             f"{statistics.median(cols[name]):.1f} ({max(cols[name]):.1f})" if cols.get(name) else "-"

@@ -145,12 +145,13 @@ class JobMonitor:
         progress = self.stall.last_progress()
         if progress is not None and status.last_stop_end is not None:
             progress = max(progress, status.last_stop_end)
-        silent = None if busy else self.liveness.check(stream_now, progress)
+        since = status.last_stop_end
+        silent = None if busy else self.liveness.check(stream_now, progress, since)
         if silent is not None:
             heard_ms = int(min(v["last_heard_s"] for v in silent.evidence["silent"].values()) * 1000)
             out.append(self._det(silent, heard_ms, now_ms, ("silent", heard_ms)))
         # While a reported silent machine explains the stall, it is not a hang to capture.
-        explained = bool(self.liveness.reported & set(self.liveness.silent(stream_now)))
+        explained = bool(self.liveness.reported & set(self.liveness.silent(stream_now, since)))
         hang = (
             None
             if busy or explained

@@ -4,8 +4,10 @@ to time out on it.
 
 Each node's exporter says every few seconds which of the job's ranks live there (an empty list
 too: the node is up, the job is not running on it).  A node *runs* the job while its last word
-listed ranks.  Such a node is *silent* once nothing came from it -- no liveness, no step of its
-ranks -- for ``silence_intervals`` of its own liveness interval (at least ``min_silence_s``).
+listed ranks, heard since the job's last restart (a machine evicted before it, whose exporter
+went away with it, ran the job no more).  Such a node is *silent* once nothing came from it -- no
+liveness, no step of its ranks -- for ``silence_intervals`` of its own liveness interval (at least
+``min_silence_s``).
 A silent node is a finding (evict it: ``machine_silent``) only when
 
 * the job has stopped progressing for as long (a node whose exporter died while its ranks keep
@@ -59,12 +61,16 @@ class SilentMachineDetector:
         self.heard: dict[str, float] = {}
         self.interval: dict[str, float] = {}
         self.ranks: dict[str, tuple[int, ...]] = {}
+        #: node -> when its liveness last listed ranks (it ran the job then).
+        self.ranked_at: dict[str, float] = {}
         #: nodes reported silent and not heard from since.
         self.reported: set[str] = set()
 
     def liveness(self, node: str, ranks: Sequence[int], ts: float, interval_s: float) -> None:
         if ts >= self.heard.get(node, float("-inf")):
             self.ranks[node] = tuple(sorted(ranks))
+        if ranks:
+            self.ranked_at[node] = max(ts, self.ranked_at.get(node, ts))
         self._hear(node, ts)
         self.interval[node] = interval_s
 
@@ -81,16 +87,26 @@ class SilentMachineDetector:
     def bound_s(self, node: str) -> float:
         return max(self.config.min_silence_s, self.config.silence_intervals * self.interval.get(node, 0.0))
 
-    def silent(self, now: float) -> list[str]:
-        """The nodes running the job that are silent now (reported or not)."""
-        return sorted(n for n, t in self.heard.items() if self.ranks.get(n) and now - t > self.bound_s(n))
+    def running(self, since: float | None = None) -> list[str]:
+        """The nodes running the job: their last word listed ranks, at or after ``since`` (the
+        job's last restart)."""
+        return sorted(
+            n
+            for n in self.heard
+            if self.ranks.get(n) and (since is None or self.ranked_at.get(n, 0.0) >= since)
+        )
 
-    def check(self, now: float, last_progress: float | None) -> Finding | None:
+    def silent(self, now: float, since: float | None = None) -> list[str]:
+        """The nodes running the job (since ``since``) that are silent now (reported or not)."""
+        return [n for n in self.running(since) if now - self.heard[n] > self.bound_s(n)]
+
+    def check(self, now: float, last_progress: float | None, since: float | None = None) -> Finding | None:
         """A ``machine_silent`` finding for the nodes newly silent while the job is stopped (see the
-        module docstring); ``last_progress``: when the job last progressed (None: never)."""
+        module docstring); ``last_progress``: when the job last progressed (None: never);
+        ``since``: the end of the job's last restart (nodes not running the job since are not judged)."""
         if not self.config.enabled:
             return None
-        silent = self.silent(now)
+        silent = self.silent(now, since)
         new = [n for n in silent if n not in self.reported]
         if not new:
             return None
@@ -128,6 +144,6 @@ class SilentMachineDetector:
 
     def forget(self, node: str) -> None:
         """Stop tracking ``node`` (it left the job's machines)."""
-        for d in (self.heard, self.interval, self.ranks):
+        for d in (self.heard, self.interval, self.ranks, self.ranked_at):
             d.pop(node, None)
         self.reported.discard(node)

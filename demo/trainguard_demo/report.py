@@ -143,7 +143,6 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "AND ts_ms < %(n)s AND notEmpty(machines) AND action NOT IN ('none', 'ignore')",
         job, t_ms, t_next,
     )  # fmt: skip
-    localised_by = _localised_by(store, job, localised_ms) if localised_ms is not None else None
     recoveries = [rec for rec in recoveries_since(store, job, t_ms) if rec.ts_ms < t_next]
     acting = sorted((rec for rec in recoveries if rec.action not in NOT_ACTING), key=lambda rec: rec.ts_ms)
     decided_ms = _first_ts(
@@ -155,6 +154,7 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
     succeeded = [
         rec for rec in acting if rec.phase == "succeeded" and not _superseded(store, rec.decision_id)
     ]
+    decided_by = _decided_by(store, job, decided_ms) if decided_ms is not None else None
     # Stepping again after the last restart -- not after the recovery's end: its replenish step
     # may wait for that first step, and the step after the end is a later one.
     steps = _step_rows(store, succeeded)
@@ -175,15 +175,16 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "decided_s": since_injection(decided_ms),
         "recovered_s": since_injection(recovered_ms),
         "action": action or ("tolerated" if detected_ms and not acting else None),
-        "localised_by": localised_by,
+        "decided_by": decided_by,
         "recovered": _recovered(injection, failed, action),
         "phases": _phases(t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, steps),
     }
 
 
-def _localised_by(store: ClickHouseStore, job: str, ts_ms: int) -> str | None:
-    """What named the machines: the detection's kind, and for a stack capture's verdict the
-    witnesses that decided it (``stacks``, ``flight_recorder``, ``both``, ``union``)."""
+def _decided_by(store: ClickHouseStore, job: str, ts_ms: int) -> str | None:
+    """What the decision the recovery carried out came from: the detection's kind, and for a stack
+    capture's verdict the witnesses that decided it (``stacks``, ``flight_recorder``, ``both``,
+    ``union``)."""
     rows = store.query(
         "SELECT evidence FROM decisions FINAL WHERE job = %(j)s AND ts_ms = %(t)s "
         "AND notEmpty(machines) LIMIT 1",
@@ -327,7 +328,7 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
     echo("\nIncident timeline (seconds after injection)")
     echo(
         f"{'fault':<17}{'machine':<16}{'detected':>9}{'localised':>10}{'decided':>9}{'recovered':>10}"
-        f"  {'action':<10}ok   localised by"
+        f"  {'action':<10}ok   decided by"
     )
 
     def seconds(value: Any) -> str:
@@ -338,7 +339,7 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
             f"{incident['fault']:<17}{incident['machine']:<16}{seconds(incident['detected_s']):>9}"
             f"{seconds(incident['localised_s']):>10}{seconds(incident['decided_s']):>9}"
             f"{seconds(incident['recovered_s']):>10}  {incident['action']!s:<10}"
-            f"{'yes' if incident['recovered'] else 'NO':<5}{incident.get('localised_by') or '-'}"
+            f"{'yes' if incident['recovered'] else 'NO':<5}{incident.get('decided_by') or '-'}"
         )
     echo(
         f"\nETTR (ClickHouse): {summary['ettr']:.1%} over {summary['wall_s']:.0f}s wall "

@@ -111,3 +111,15 @@ def test_no_silence_is_judged_while_a_recovery_works() -> None:
     status = RecoveryStatus()
     status.observe("dec-1", "stop", "started", 10.0)
     assert m.check(11_500, recoveries=status) == []
+
+
+def test_a_machine_evicted_before_the_restart_is_not_judged() -> None:
+    """Its exporter went away with it; the job runs on other machines since the restart."""
+    d = SilentMachineDetector()
+    _beat(d, 0.0)
+    # Stopped at 5, restarted by 6 on n2 and a standby; n1 was evicted and fell silent at 4.
+    for t in (6.0, 8.0, 10.0, 12.0, 14.0):
+        d.liveness("n2", [0, 1], t, 2.0)
+        d.liveness("standby", [2, 3], t, 2.0)
+    assert d.silent(14.5) == ["n1"] and d.silent(14.5, since=6.0) == []
+    assert d.check(14.5, last_progress=7.0, since=6.0) is None
