@@ -96,9 +96,17 @@ class SilentMachineDetector:
             if self.ranks.get(n) and (since is None or self.ranked_at.get(n, 0.0) >= since)
         )
 
+    def clock(self, now: float) -> float:
+        """The time silences are judged at: the newest word heard from any node of the job, not
+        the caller's clock -- the liveness topic can lag the steps a worker judges progress by
+        (a busy worker took a node heard 2 s before for 6 s silent in a demo run), and a node
+        is silent only when the others spoke later than it did."""
+        return min(now, max(self.heard.values(), default=now))
+
     def silent(self, now: float, since: float | None = None) -> list[str]:
         """The nodes running the job (since ``since``) that are silent now (reported or not)."""
-        return [n for n in self.running(since) if now - self.heard[n] > self.bound_s(n)]
+        at = self.clock(now)
+        return [n for n in self.running(since) if at - self.heard[n] > self.bound_s(n)]
 
     def check(self, now: float, last_progress: float | None, since: float | None = None) -> Finding | None:
         """A ``machine_silent`` finding for the nodes newly silent while the job is stopped (see the
@@ -110,8 +118,9 @@ class SilentMachineDetector:
         new = [n for n in silent if n not in self.reported]
         if not new:
             return None
-        fresh = [n for n, t in self.heard.items() if n not in silent and now - t <= self.bound_s(n)]
-        stopped_for = now - last_progress if last_progress is not None else float("inf")
+        at = self.clock(now)
+        fresh = [n for n, t in self.heard.items() if n not in silent and at - t <= self.bound_s(n)]
+        stopped_for = at - last_progress if last_progress is not None else float("inf")
         if not fresh or stopped_for < min(self.bound_s(n) for n in new):
             return None
         self.reported.update(new)
@@ -124,12 +133,12 @@ class SilentMachineDetector:
             job=self.job,
             ranks=tuple(ranks),
             node=new[0] if len(new) == 1 else None,
-            score=max(now - self.heard[n] for n in new),
+            score=max(at - self.heard[n] for n in new),
             evidence={
                 "silent": {
                     n: {
                         "last_heard_s": round(self.heard[n], 3),
-                        "silent_for_s": round(now - self.heard[n], 3),
+                        "silent_for_s": round(at - self.heard[n], 3),
                         "bound_s": round(self.bound_s(n), 3),
                         "ranks": list(self.ranks[n]),
                     }

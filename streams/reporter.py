@@ -21,7 +21,7 @@ Uncaught exceptions (main thread: a ``ProcessExit`` with the traceback; other th
 
 **Flight Recorder.**  Unless turned off (``flight_recorder=False`` or
 ``TRAINGUARD_FLIGHT_RECORDER=0``), the reporter turns on PyTorch's Flight Recorder
-(``TORCH_FR_BUFFER_SIZE``, 2,000 entries, unless already set) and has PyTorch dump it on a
+(``TORCH_FR_BUFFER_SIZE``, 200 entries, unless already set) and has PyTorch dump it on a
 collective timeout into ``<fr_dir>/timeout/rank_<R>``; both are read when the first process group
 is made, so **create the Reporter before** ``init_process_group``.  It also answers the node
 exporter's captures: the rank registers in ``<fr_dir>/ranks/<R>.json``, and a thread
@@ -67,8 +67,11 @@ MAX_TRACEBACK = 64 * 1024
 MAX_DATAGRAM = 60 * 1024
 #: how often the Flight Recorder thread looks for capture requests.
 FR_POLL_S = 0.25
-#: Flight Recorder entries PyTorch keeps per process (its ring buffer) unless the job set it.
-FR_BUFFER_SIZE = "2000"
+#: Flight Recorder entries PyTorch keeps per process (its ring buffer) unless the job set it:
+#: the last few hundred collectives say where each group stands, and a dump costs in proportion
+#: (PyTorch's own default, 2,000, made each rank's dump 0.9 MB of JSON, taken and parsed on every
+#: hang capture: in the demo's bursts of captures that slowed the job itself).
+FR_BUFFER_SIZE = "200"
 #: a capture id is a file name: no separators, no leading dot (temporary files start with one).
 FR_CAPTURE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 #: requests whose mtime is this much before the reporter started are a previous process's: the

@@ -27,7 +27,7 @@ from trainguard_demo import faults
 
 MACHINE_FAULTS = ("xid", "nic-down", "nic-flap", "gpu-lost", "machine-freeze")
 #: how long a frozen machine stays frozen.
-FREEZE_S = 45.0
+FREEZE_S = 20.0
 ALL_FAULTS = (*MACHINE_FAULTS, *faults.KINDS)
 NIC = "ib0"
 

@@ -38,7 +38,8 @@ def test_no_finding_while_the_job_progresses() -> None:
 def test_no_finding_when_every_machine_is_silent() -> None:
     d = SilentMachineDetector()
     _beat(d, 0.0)
-    assert d.silent(20.0) == ["n1", "n2"] and d.check(20.0, last_progress=0.0) is None
+    # Judged by the liveness stream's own clock: nobody spoke later than anybody else.
+    assert d.silent(20.0) == [] and d.check(20.0, last_progress=0.0) is None
 
 
 def test_a_node_not_running_the_job_is_not_judged() -> None:
@@ -63,8 +64,9 @@ def test_reported_once_per_silence() -> None:
     _beat(d, 0.0)
     d.liveness("n2", [2, 3], 10.0, 2.0)
     f = d.check(10.5, last_progress=0.0)
-    assert f is not None and f.node == "n1" and f.evidence["silent"]["n1"]["silent_for_s"] == 10.5
-    assert f.evidence["machines_heard"] == 1 and f.evidence["job_stopped_for_s"] == 10.5
+    # 10 s: counted to n2's last word, the newest heard, not to the caller's clock.
+    assert f is not None and f.node == "n1" and f.evidence["silent"]["n1"]["silent_for_s"] == 10.0
+    assert f.evidence["machines_heard"] == 1 and f.evidence["job_stopped_for_s"] == 10.0
     assert d.check(11.0, last_progress=0.0) is None
     _beat(d, 12.0)  # n1 speaks again (a stall that passed): a later silence is new
     d.liveness("n2", [2, 3], 24.0, 2.0)
@@ -123,3 +125,14 @@ def test_a_machine_evicted_before_the_restart_is_not_judged() -> None:
         d.liveness("standby", [2, 3], t, 2.0)
     assert d.silent(14.5) == ["n1"] and d.silent(14.5, since=6.0) == []
     assert d.check(14.5, last_progress=7.0, since=6.0) is None
+
+
+def test_silence_is_judged_by_the_liveness_streams_own_clock() -> None:
+    """The worker's clock ran ahead (the steps topic ahead of a lagging liveness topic): a node
+    heard as late as the others is not silent, whatever ``now`` says."""
+    d = SilentMachineDetector()
+    for t in (0.0, 2.0, 4.0):
+        _beat(d, t)
+    assert d.silent(now=20.0) == [] and d.check(20.0, last_progress=4.0) is None
+    d.liveness("n2", [2, 3], 12.0, 2.0)  # now n2 spoke 8 s after n1's last word
+    assert d.silent(now=20.0) == ["n1"]

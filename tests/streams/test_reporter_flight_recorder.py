@@ -60,7 +60,7 @@ def test_registration_appears_and_disappears(tmp_path: Path) -> None:
 def test_torch_variables_set_only_when_unset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rep = reporter(tmp_path)
     prefix = str(tmp_path / "fr" / "timeout" / "rank_")
-    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "200"
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ  # PyTorch warns it is deprecated
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
     assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
