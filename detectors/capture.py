@@ -211,7 +211,8 @@ class Capture:
         stacks = clf.analyze(rounds, mode="auto", hint=self.hint)
         fr, fr_info = self.flight_recorder_result(fr_config)
         preference = preference_order(clf.config.evict_preference)
-        result = combine(stacks, fr, topo, preference)
+        alone = (fr_config or FlightRecorderConfig()).min_stuck_s
+        result = combine(stacks, fr, topo, preference, alone_min_stuck_s=alone)
         out = stacks.to_dict()
         out["verdict"] = result.verdict.value
         out["suspect_ranks"] = list(result.suspect_ranks)

@@ -10,7 +10,9 @@ what a rank outside any collective is doing -- so for a hang's capture:
   stacks' group when each holds the other's suspects -- ByteRobust's unit);
 * they disagree: the one group of the preferred kind holding both sets of suspects (``union``:
   over-evict rather than miss), else the stacks' verdict, the disagreement in the reason;
-* only one names a group: its verdict (``stacks`` / ``flight_recorder``);
+* only one names a group: its verdict (``stacks`` / ``flight_recorder``) -- the recorder alone
+  only when its stuck collective waited ``alone_min_stuck_s`` (the full ``min_stuck_s``, not
+  the shorter bar a fast job's capture uses to corroborate the stacks);
 * a fail-slow verdict is the stacks' alone (every collective completes on a slow job).
 
 Pure.
@@ -55,6 +57,7 @@ def combine(
     fr: FlightRecorderResult | None,
     topology: JobTopology,
     preference: Sequence[Dim],
+    alone_min_stuck_s: float = 0.0,
 ) -> Combined:
     """The decision for one capture; ``fr`` None when no Flight Recorder dump could be read."""
     if fr is None:
@@ -67,6 +70,13 @@ def combine(
         return _stacks(stacks, why if _evicts(stacks) else f"neither witness names a group; {why}")
     fr_suspects = set(fr.suspect_ranks)
     if not _evicts(stacks):
+        waited = fr.stuck[0].waited_s if fr.stuck else float("inf")
+        if fr.verdict == "hang" and waited < alone_min_stuck_s:
+            return _stacks(
+                stacks,
+                f"the stacks name no group and the Flight Recorder's alone waits for more: its first "
+                f"stuck collective waited {waited:.1f} s (< {alone_min_stuck_s:g} s)",
+            )
         return Combined(
             Verdict.HANG,
             fr.suspect_ranks,

@@ -158,3 +158,16 @@ def test_a_capture_is_ready_only_with_every_recorder_answer_or_at_its_deadline()
     late = Capture("c2", "j", TOPO, rounds=1, deadline_ms=10_000, requested_ms=0, flight_recorder=True)
     _idle_stacks(late)
     assert late.ready(10_000)  # the deadline: missing answers are evidence, not a reason to wait
+
+
+def test_the_recorder_alone_needs_the_full_wait() -> None:
+    """A fast job's capture counts collectives as stuck sooner, to corroborate the stacks; on its
+    own the recorder decides only once its stuck collective waited the full min_stuck_s."""
+    waited = HANG.stuck[0].waited_s
+    c = combine(_stacks(Verdict.HEALTHY), HANG, TOPO, PREF, alone_min_stuck_s=waited + 1)
+    assert c.decided_by == "stacks" and not c.evict_ranks and "waits for more" in c.reason
+    c = combine(_stacks(Verdict.HEALTHY), HANG, TOPO, PREF, alone_min_stuck_s=waited - 0.1)
+    assert c.decided_by == "flight_recorder" and c.evict_ranks == (1, 5)
+    # Corroborating the stacks needs no more than the shorter bar.
+    c = combine(_stacks(Verdict.HANG, (5,), "pp"), HANG, TOPO, PREF, alone_min_stuck_s=waited + 1)
+    assert c.decided_by == "both"
