@@ -57,7 +57,7 @@ from schemas.topics import (
     TOPICS,
     Topic,
 )
-from schemas.workload import LogLine, ProcessExit, StackDump, TrainingStep
+from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, RankLiveness, StackDump, TrainingStep
 
 #: a record's coordinates on the broker.
 Where = tuple[str, int, int]
@@ -120,6 +120,8 @@ def sample(topic: Topic, tag: str) -> Event:
         TrainingStep: lambda: TrainingStep(job=job, rank=0, step=1, ts_ms=ts, loss=1.0),
         ProcessExit: lambda: ProcessExit(node=node, ts_ms=ts, pid=1, job=job, exit_code=1),
         StackDump: lambda: StackDump(job=job, node=node, rank=0, pid=1, capture_id="c", ts_ms=ts),
+        RankLiveness: lambda: RankLiveness(job=job, node=node, ts_ms=ts, ranks=[0], states=["S"]),
+        FlightRecorderDump: lambda: FlightRecorderDump(job=job, node=node, rank=0, ts_ms=ts, capture_id="c"),
         Detection: lambda: Detection(
             detection_id=unique("det"),
             ts_ms=ts,

@@ -282,8 +282,10 @@ def test_a_step_the_slurm_executor_restarts_publishes_no_spec_and_the_script_hol
         assert _environ(restarted[0]["pid"])["TRAINGUARD_RESTART"] == "1"
         # Rank 0 of a restarted step publishes nothing: the service's spec stands (latest wins).
         assert restarted[0]["spec"]["state"] == "not published"
-        step_log = (tmp_path / "state" / "slurm" / sub.job / "step-1.log").read_text()
-        assert "step restarted by the action service (TRAINGUARD_RESTART=1): its spec stands" in step_log
+        # Slurm writes the step's output to its log file on its own time: wait for the line.
+        step_log = tmp_path / "state" / "slurm" / sub.job / "step-1.log"
+        said = "step restarted by the action service (TRAINGUARD_RESTART=1): its spec stands"
+        wait_until(lambda: said in step_log.read_text(), 10, lambda: f"{said!r} in {step_log.read_text()}")
         assert sub.job.encode() not in jobs.keys_seen(3.0)
 
         # The script holds while TrainGuard's step runs, longer than HOLD_S after the failure ...
