@@ -473,7 +473,7 @@ class Captures:
         answers = self._answers.get(capture_id)
         if cap is None or answers is None:
             return False
-        if cap.flight_recorder and len(cap.fr) < cap.topology.world_size:
+        if cap.fr_missing():
             return False  # every rank answers its recorder too (a dump or why not)
         return len(answers.mains) >= cap.rounds * cap.topology.world_size and not answers.outstanding
 
