@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything TrainGuard needs on a fresh Debian machine (idempotent, quick when done):
 # system packages (Java 17 + Maven for the Kafka broker, Debian's clickhouse-server, slurm-wlm + munge
-# for the optional local Slurm, python3-venv),
+# for the optional local Slurm, prometheus and chromium for the tests, python3-venv),
 # then a virtualenv in .venv with the project and its pinned dependencies (pip's cache is kept,
 # so the multi-GB torch wheel is downloaded once per machine).
 set -euo pipefail
@@ -13,6 +13,10 @@ command -v mvn >/dev/null 2>&1 || need+=(maven)
 command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server clickhouse-client)
 # Slurm + munge for `trainguard stack up --slurm` (the daemons live in /usr/sbin, often not on PATH).
 command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need+=(slurm-wlm munge)
+# promtool (tests the shipped alert rules) and a real Prometheus (scrapes a worker and an exporter
+# in a test); chromium renders the HTML postmortem report in its browser test.
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   for cand in python3.11 python3.12 python3; do

@@ -362,3 +362,5 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
         )
     else:
         echo("Baseline: not run (--no-baseline)")
+    if summary.get("report"):
+        echo(f"Report: {summary['report']}")

@@ -483,7 +483,23 @@ class Demo:
             summary["standbys"] = standby_readiness(self.cluster, self.cfg.ranks_per_machine)
         else:  # a real scheduler's cluster: its own state instead of the local warm pools'
             summary.update(extra)
+        summary["report"] = self.write_report()
         return summary
+
+    def write_report(self) -> str:
+        """The run's HTML postmortem (``trainguard report``'s page) in the run dir; its path, or
+        "" when it could not be written (said on the console: the run's result stands without it)."""
+        from infra.report import data as report_data
+        from infra.report.render import render
+
+        path = self.dir / "report.html"
+        baseline = f"{self.job}-baseline" if self.baseline is not None else None
+        try:
+            path.write_text(render(report_data.load(self._store(), self.job, baseline=baseline)))
+        except Exception as exc:  # ClickHouse gone, a rendering bug: reported, not fatal to the run
+            self.echo(f"[demo] report not written: {type(exc).__name__}: {exc}")
+            return ""
+        return str(path)
 
     def cluster_summary(self) -> dict[str, Any] | None:
         """The summary's section on a scheduler's cluster (Slurm, Kubernetes); None locally."""

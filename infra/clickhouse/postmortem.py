@@ -9,6 +9,9 @@ is not productive however fast it steps).  Wall-clock runs from the start of the
 the end of the last.  The 1-hour sliding ETTR applies the same rule to steps that ended within
 each hour-long window.  One rank (0 by default) stands for the job: every rank steps together.
 
+The SQL lives in the named queries (:mod:`infra.clickhouse.named`: ``ettr``, ``training_curve``,
+``incidents``, ``incident_steps``), which ``trainguard sql`` runs too.
+
 **Incidents**: a decision is an incident; its timeline joins the detection that triggered it
 (detected), the decision (decided), and the action service's events (recovered = the last
 ``succeeded`` event, or ``failed``), with durations relative to the source event time.
@@ -16,11 +19,11 @@ each hour-long window.  One rank (0 by default) stands for the job: every rank s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.clickhouse import named
 from infra.clickhouse.store import ClickHouseStore
 
 HOUR_MS = 3_600_000
@@ -39,49 +42,63 @@ class Ettr:
         return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def _steps(store: ClickHouseStore, job: str, rank: int) -> list[tuple[int, int, float]]:
-    """(step, end ts_ms, productive seconds) of every occurrence of every step of ``rank``, by
-    time; a step with a non-finite loss is 0 productive seconds."""
-    rows = store.query(
-        "SELECT step, ts_ms, ifNull(step_time_s, 0), ifNull(loss, 0) FROM training_steps FINAL "
-        "WHERE job = %(j)s AND rank = %(r)s ORDER BY ts_ms",
-        {"j": job, "r": rank},
-    )
-    return [(int(s), int(t), float(d) if math.isfinite(float(x)) else 0.0) for s, t, d, x in rows]
-
-
 def ettr(store: ClickHouseStore, job: str, rank: int = 0) -> Ettr:
-    occ = _steps(store, job, rank)
-    if not occ:
-        return Ettr(job, 0.0, 0.0, 0, 0)
-    last: dict[int, tuple[int, float]] = {}
-    for step, ts, dur in occ:
-        last[step] = (ts, dur)  # ordered by time: the final occurrence wins
-    productive = sum(d for _, d in last.values())
-    start = occ[0][1] - occ[0][2] * 1000
-    wall = (occ[-1][1] - start) / 1000
-    return Ettr(job, productive, wall, len(last), len(occ) - len(last))
+    """The named query ``ettr``."""
+    (row,) = named.get("ettr").run(store, job=job, rank=rank)
+    return Ettr(
+        job,
+        float(row["productive_s"] or 0.0),
+        float(row["wall_s"] or 0.0),
+        int(row["steps"]),
+        int(row["recomputed_steps"]),
+    )
+
+
+def training_curve(
+    store: ClickHouseStore, job: str, rank: int = 0, since_ms: int = 0
+) -> list[dict[str, Any]]:
+    """The named query ``training_curve``: every step occurrence, with ``survived``."""
+    return named.get("training_curve").run(store, job=job, rank=rank, since_ms=since_ms)
 
 
 def sliding_ettr(
     store: ClickHouseStore, job: str, window_ms: int = HOUR_MS, rank: int = 0
 ) -> list[tuple[int, float]]:
-    """(window end ts_ms, ETTR over the preceding window) at every step end."""
-    occ = _steps(store, job, rank)
-    if not occ:
+    """(window end ts_ms, ETTR over the preceding window) at every surviving step's end."""
+    return sliding_ettr_of(training_curve(store, job, rank), window_ms)
+
+
+def sliding_ettr_of(curve: list[dict[str, Any]], window_ms: int = HOUR_MS) -> list[tuple[int, float]]:
+    """:func:`sliding_ettr` over rows of ``training_curve`` already read."""
+    if not curve:
         return []
-    final_ts = {}
-    for step, ts, _ in occ:
-        final_ts[step] = ts
-    survivors = sorted((ts, dur) for step, ts, dur in occ if final_ts[step] == ts)
-    start = occ[0][1] - occ[0][2] * 1000
+    start = min(int(r["ts_ms"]) - _productive_s(r) * 1000 for r in curve)
+    survivors = [(int(r["ts_ms"]), _productive_s(r)) for r in curve if r["survived"]]
     out = []
-    for end_ts, _ in survivors:
+    lo_i = 0
+    acc = 0.0  # productive ms of survivors[lo_i:hi] (a window slides: O(n), not O(n^2))
+    for hi, (end_ts, dur) in enumerate(survivors):
+        acc += dur * 1000
         lo = max(start, end_ts - window_ms)
-        productive = sum(min(d * 1000, ts - lo) for ts, d in survivors if lo < ts <= end_ts)
+        while lo_i <= hi and survivors[lo_i][0] <= lo:
+            acc -= survivors[lo_i][1] * 1000
+            lo_i += 1
+        # a step that began before the window counts only its part inside it (only the first
+        # few can have: steps run one after another)
+        clip, i = 0.0, lo_i
+        while i <= hi and survivors[i][1] * 1000 > survivors[i][0] - lo:
+            clip += survivors[i][1] * 1000 - (survivors[i][0] - lo)
+            i += 1
         span = end_ts - lo
-        out.append((end_ts, productive / span if span > 0 else 0.0))
+        out.append((end_ts, (acc - clip) / span if span > 0 else 0.0))
     return out
+
+
+def _productive_s(row: dict[str, Any]) -> float:
+    loss, took = row["loss"], row["step_time_s"]
+    if took is None or (loss is not None and not math.isfinite(float(loss))):
+        return 0.0
+    return float(took)
 
 
 @dataclass
@@ -122,49 +139,25 @@ class Incident:
 
 
 def incidents(
-    store: ClickHouseStore, job: str | None = None, decision_id: str | None = None
+    store: ClickHouseStore, job: str | None = None, decision_id: str | None = None, since_ms: int = 0
 ) -> list[Incident]:
-    where, params = ["1"], {}
-    if job:
-        where.append("d.job = %(job)s")
-        params["job"] = job
-    if decision_id:
-        where.append("d.decision_id = %(dec)s")
-        params["dec"] = decision_id
-    decs = store.query_dicts(
-        "SELECT decision_id, job, action, machines, detection_ids, evidence, ts_ms "
-        f"FROM decisions AS d FINAL WHERE {' AND '.join(where)} ORDER BY ts_ms",
-        params,
-    )
+    """The named query ``incidents``, each with its recovery's steps (``incident_steps``)."""
+    rows = named.get("incidents").run(store, job=job or "", decision=decision_id or "", since_ms=since_ms)
+    steps_q = named.get("incident_steps")
     out = []
-    for d in decs:
-        ev = json.loads(d["evidence"] or "{}").get("detection", {})
-        ids = [str(i) for i in d["detection_ids"]]
-        det_rows = (
-            store.query(
-                "SELECT min(ts_ms), min(source_ts_ms) FROM detections FINAL WHERE has(%(ids)s, detection_id)",
-                {"ids": ids},
-            )
-            if ids  # an empty array literal has no element type on 18.16
-            else []
-        )
-        detected = int(det_rows[0][0]) if det_rows and det_rows[0][0] else int(d["ts_ms"])
-        source = int(ev.get("source_ts_ms") or (det_rows[0][1] if det_rows else 0) or detected)
+    for r in rows:
         inc = Incident(
-            d["decision_id"],
-            d["job"],
-            d["action"],
-            str(ev.get("category", "")),
-            str(ev.get("kind", "")),
-            list(d["machines"]),
-            source,
-            detected,
-            int(d["ts_ms"]),
-        )
-        acts = store.query_dicts(
-            "SELECT step, phase, ts_ms, duration_ms, detail FROM action_events FINAL "
-            "WHERE decision_id = %(d)s ORDER BY ts_ms, event_id",
-            {"d": d["decision_id"]},
+            r["decision_id"],
+            r["job"],
+            r["action"],
+            r["category"],
+            r["kind"],
+            list(r["machines"]),
+            int(r["source_ts_ms"]),
+            int(r["detected_ts_ms"]),
+            int(r["decided_ts_ms"]),
+            int(r["recovered_ts_ms"]) or None,
+            r["outcome"],
         )
         inc.steps = [
             {
@@ -174,11 +167,7 @@ def incidents(
                 "duration_ms": a["duration_ms"],
                 "detail": a["detail"],
             }
-            for a in acts
+            for a in steps_q.run(store, decision=inc.decision_id)
         ]
-        done = [a for a in acts if a["step"] == "recovery" and a["phase"] in ("succeeded", "failed", "held")]
-        if done:
-            inc.outcome = done[-1]["phase"]
-            inc.recovered_ts_ms = int(done[-1]["ts_ms"]) if done[-1]["phase"] == "succeeded" else None
         out.append(inc)
     return out

@@ -350,6 +350,16 @@ class ClickHouseStore:
             raise StoreError(f"ClickHouse query failed: {exc}\n{sql[:300]}") from exc
         return [dict(zip(res.column_names, row, strict=True)) for row in res.result_rows]
 
+    def query_with_columns(
+        self, sql: str, parameters: dict[str, Any] | None = None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """(column names, rows): the names even when no row came back."""
+        try:
+            res = self.client.query(sql, parameters=parameters)
+        except Exception as exc:
+            raise StoreError(f"ClickHouse query failed: {exc}\n{sql[:300]}") from exc
+        return list(res.column_names), [tuple(r) for r in res.result_rows]
+
     # -- inserts ----------------------------------------------------------------------------
     def columns(self, table: str) -> tuple[list[str], list[str]]:
         if table not in self._columns:
