@@ -123,6 +123,9 @@ class Capture:
     fr: dict[int, FlightRecorderDump] = field(default_factory=dict)
     #: a hang's capture: the stall threshold of the detection that asked for it (seconds).
     stall_threshold_s: float | None = None
+    #: started without the cooldown, to look again after a capture the Flight Recorder judged
+    #: slow, not hung (its own such verdict does not skip the cooldown again: no capture storm).
+    recheck: bool = False
 
     def add(self, d: StackDump) -> None:
         self.dumps.append(d)
@@ -336,6 +339,10 @@ class Captures:
         #: job -> whether its last capture was a hang's (not state: after a restore the cooldown
         #: holds for either kind).
         self._last_was_hang: dict[str, bool] = {}
+        #: jobs whose last hang capture the Flight Recorder judged slow, not hung: the next hang
+        #: capture need not wait the cooldown (a real hang has its collective stuck by then, and
+        #: waiting 60 s to see it would cost more than the look).  Not state: transient.
+        self._recheck: set[str] = set()
 
     def wants(self, job: str, now_ms: int, hang: bool = False) -> bool:
         """Whether a new capture of ``job`` may start now: none pending or being analysed, and the
@@ -352,7 +359,7 @@ class Captures:
             for cid in mine:
                 self.drop(cid)
             return True
-        if hang and self._last_was_hang.get(job, True) is False:
+        if hang and (self._last_was_hang.get(job, True) is False or job in self._recheck):
             return True
         return now_ms - self.last_capture_ms.get(job, -(10**15)) >= self.config.cooldown_s * 1000
 
@@ -387,6 +394,8 @@ class Captures:
             if isinstance(detection.get("confirm_at_ms"), int):
                 cap.not_before_ms = int(detection["confirm_at_ms"])
         cap.flight_recorder = cfg.flight_recorder and rounds <= 1
+        cap.recheck = dec.job in self._recheck and rounds <= 1
+        self._recheck.discard(dec.job)
         self.pending[capture_id] = cap
         self.last_capture_ms[dec.job] = now_ms
         self._last_was_hang[dec.job] = rounds <= 1
@@ -422,6 +431,13 @@ class Captures:
         the more rounds its verdict asks for and return their commands; [] when the verdict
         stands (it asked for none, or :meth:`Capture.may_extend` says they would not come)."""
         self.analysing.pop(cap.job, None)
+        slow_not_hung = (
+            det.kind == "over_eviction"
+            and det.evidence.get("verdict") == Verdict.HEALTHY.value
+            and det.evidence.get("decided_by") == "flight_recorder"
+        )
+        if slow_not_hung and not cap.recheck and cap.rounds <= 1:
+            self._recheck.add(cap.job)
         analysis = det.evidence.get("evidence") if det.kind == "over_eviction" else None
         more = analysis.get("more_rounds", 0) if isinstance(analysis, dict) else 0
         if not isinstance(more, int) or more <= 0 or not cap.may_extend():

@@ -13,7 +13,14 @@ what a rank outside any collective is doing -- so for a hang's capture:
 * only one names a group: its verdict (``stacks`` / ``flight_recorder``) -- the recorder alone
   only when its stuck collective waited ``alone_min_stuck_s`` (the full ``min_stuck_s``, not
   the shorter bar a fast job's capture uses to corroborate the stacks);
-* a fail-slow verdict is the stacks' alone (every collective completes on a slow job).
+* a fail-slow verdict is the stacks' alone (every collective completes on a slow job);
+* the stacks call a hang with ranks waiting in collectives, but every rank's recorder answered
+  and shows none stuck for ``min_stuck_s``: not a hang (``healthy``, decided by the recorder).
+  The stacks are one instant; the recorder says those waits began moments ago, so the job was
+  slow, not stopped (a demo run under load evicted freshly swapped-in machines three times
+  that way: a rank deep-copying its checkpoint while the others sat in their all-reduce).  A
+  real hang still stalled at the next capture has its collective stuck by then.  Waits in
+  point-to-point operations alone keep the stacks' verdict: gloo's recorder does not see them.
 
 Pure.
 """
@@ -48,6 +55,18 @@ def _stacks(r: OverEvictionResult, why: str) -> Combined:
     return Combined(r.verdict, r.suspect_ranks, r.evict_kind, r.evict_ranks, r.evict_machines, "stacks", why)
 
 
+def _in_collectives(r: OverEvictionResult) -> list[int]:
+    """Ranks whose main process the stacks show inside a collective (which a recorder sees)."""
+    return sorted(
+        {
+            rank
+            for c in r.evidence.classes
+            if c.process == "main" and c.role == "collective"
+            for rank in c.ranks
+        }
+    )
+
+
 def _evicts(r: OverEvictionResult) -> bool:
     return r.verdict is not Verdict.HEALTHY and bool(r.evict_ranks)
 
@@ -67,6 +86,13 @@ def combine(
     fr_evicts = fr.verdict != "healthy" and bool(fr.evict_ranks)
     if not fr_evicts:
         why = f"the Flight Recorder shows no stuck collective ({fr.reason})"
+        waiting = _in_collectives(stacks)
+        if stacks.verdict is Verdict.HANG and _evicts(stacks) and waiting and not fr.undumped_ranks:
+            return Combined(
+                Verdict.HEALTHY, (), None, (), (), "flight_recorder",
+                f"not a hang: the stacks show ranks {waiting} in collectives, but every rank's Flight "
+                f"Recorder shows none stuck ({fr.reason}): the job is slow, its collectives complete",
+            )  # fmt: skip
         return _stacks(stacks, why if _evicts(stacks) else f"neither witness names a group; {why}")
     fr_suspects = set(fr.suspect_ranks)
     if not _evicts(stacks):

@@ -55,6 +55,38 @@ def test_a_recorder_with_nothing_stuck_leaves_the_stacks_verdict() -> None:
     assert c.verdict is Verdict.HEALTHY and not c.evict_ranks and "neither witness" in c.reason
 
 
+def _with_classes(result: OverEvictionResult, *classes: tuple[str, tuple[int, ...]]) -> OverEvictionResult:
+    """``result`` whose stacks showed these (role, ranks) classes of main processes."""
+    from dataclasses import replace
+
+    from detectors.stacks.result import StackClass
+
+    cls = tuple(StackClass("main", role, ranks, ("f (x.py)",), suspect=False) for role, ranks in classes)
+    return replace(result, evidence=replace(result.evidence, classes=cls))
+
+
+def test_ranks_in_collectives_that_the_recorder_shows_completing_are_not_a_hang() -> None:
+    # Seen in a demo run under load: rank 2 deep-copying its checkpoint, the others in their
+    # all-reduce -- which every rank's recorder showed had not been waiting long.
+    stacks = _with_classes(_stacks(Verdict.HANG, (2,), "pp"), ("compute", (2,)), ("collective", (0, 1, 3)))
+    assert not HEALTHY.undumped_ranks
+    c = combine(stacks, HEALTHY, TOPO, PREF)
+    assert c.verdict is Verdict.HEALTHY and not c.evict_ranks and c.decided_by == "flight_recorder"
+    assert "not a hang" in c.reason and "[0, 1, 3]" in c.reason
+
+
+def test_waits_the_recorder_cannot_see_keep_the_stacks_verdict() -> None:
+    # Ranks waiting in p2p only (gloo's recorder has no p2p entries): the stacks decide.
+    stacks = _with_classes(_stacks(Verdict.HANG, (2,), "pp"), ("compute", (2,)), ("p2p", (6,)))
+    assert combine(stacks, HEALTHY, TOPO, PREF).evict_ranks == (2, 6)
+    # A rank whose recorder did not answer could be the one stuck: the stacks decide.
+    from dataclasses import replace
+
+    partial = replace(HEALTHY, undumped_ranks=(3,))
+    stacks = _with_classes(_stacks(Verdict.HANG, (2,), "pp"), ("collective", (0, 1)))
+    assert combine(stacks, partial, TOPO, PREF).evict_ranks == (2, 6)
+
+
 def test_the_recorder_decides_when_the_stacks_name_no_group() -> None:
     c = combine(_stacks(Verdict.HEALTHY), HANG, TOPO, PREF)
     assert c.verdict is Verdict.HANG and c.decided_by == "flight_recorder"
@@ -171,3 +203,37 @@ def test_the_recorder_alone_needs_the_full_wait() -> None:
     # Corroborating the stacks needs no more than the shorter bar.
     c = combine(_stacks(Verdict.HANG, (5,), "pp"), HANG, TOPO, PREF, alone_min_stuck_s=waited + 1)
     assert c.decided_by == "both"
+
+
+def test_a_capture_judged_slow_not_hung_lets_the_next_hang_capture_skip_the_cooldown_once() -> None:
+    from detectors.capture import AggregationConfig, Captures
+    from schemas.control import Decision, Detection
+
+    caps = Captures(AggregationConfig(cooldown_s=60.0))
+
+    def ask(n: int, at: int):  # type: ignore[no-untyped-def]
+        dec = Decision(
+            decision_id=f"d{n}", ts_ms=at, job="j", action=Action.AGGREGATE,
+            evidence={"detection": {"category": "job_hang", "kind": "hang_suspect"}},
+        )  # fmt: skip
+        return caps.start(dec, TOPO, at)
+
+    def judged(cap, verdict: str, decided_by: str) -> None:  # type: ignore[no-untyped-def]
+        caps.pending.pop(cap.capture_id)
+        det = Detection(
+            detection_id=f"v-{cap.capture_id}", ts_ms=0, job="j", kind="over_eviction", category="healthy",
+            evidence={"verdict": verdict, "decided_by": decided_by, "evidence": {}},
+        )  # fmt: skip
+        assert caps.extend(cap, det, 0) == []
+
+    first = ask(1, 1_000)
+    judged(first, "healthy", "flight_recorder")  # the recorder: slow, not hung
+    assert caps.wants("j", 5_000, hang=True)  # 4 s later, not 60: look again
+    second = ask(2, 5_000)
+    assert second.recheck
+    judged(second, "healthy", "flight_recorder")  # slow again: now the cooldown holds
+    assert not caps.wants("j", 10_000, hang=True)
+    assert caps.wants("j", 66_000, hang=True)
+    third = ask(3, 66_000)
+    judged(third, "healthy", "stacks")  # any other healthy verdict: the cooldown holds
+    assert not third.recheck and not caps.wants("j", 70_000, hang=True)

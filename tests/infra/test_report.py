@@ -1,6 +1,6 @@
 """The HTML postmortem report: built from ClickHouse, rendered by a real headless Chromium.
 
-The browser test keeps its screenshot in ``build/test-artifacts/`` (CI keeps that folder) and
+The browser test leaves its screenshot in ``build/test-artifacts/report.png`` to look at, and
 reads what the page recorded about its own rendering (``#tg-render-check``): the plots drawn,
 the incidents shaded on the training curve, and any JavaScript error.
 """
