@@ -50,7 +50,8 @@ paused service in 3, completed in 4, 5 and 6, succeeded evictions in 7).
 Prints a table (``--json``: exactly one JSON object on stdout, ``{"scenarios": [{"name", "passed",
 "produced", "stored", "lost", "duplicated", "accepted_forged", "notes", ...}]}``, the table on
 stderr).  Exit code 0 when every scenario passed.  ``--home DIR`` keeps the stack home (its logs in
-``DIR/chaos-logs``); ``--keep-stack`` leaves the servers running there.
+``DIR/chaos-logs``); ``--keep-stack`` leaves the servers running there.  While it runs, stderr
+also shows the scenario on, its time so far and the scenarios done (``TRAINGUARD_PROGRESS=0``: not).
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ from chaos_scenarios import (
     worker_kill,
 )
 
+from infra.progress import Progress
+
 Scenario = Callable[[ChaosStack, Size], Result]
 SCENARIOS: dict[str, Scenario] = {
     "broker_kill": broker_kill,
@@ -92,22 +95,22 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def run_scenario(stack: ChaosStack, name: str, size: Size, log: TextIO) -> Result:
+def run_scenario(stack: ChaosStack, name: str, size: Size, log: TextIO, bar: Progress) -> Result:
     """One scenario; an exception is a failed result naming it (the processes it started stopped)."""
-    print(f"[chaos] {name} ({size.name}) ...", file=log, flush=True)
+    bar.echo(f"[chaos] {name} ({size.name}) ...", file=log)
+    bar.update(detail=name)
     t0 = time.monotonic()
     try:
         res = SCENARIOS[name](stack, size)
     except Exception as exc:
         res = Result(name)
         res.note(f"error: {type(exc).__name__}: {exc}"[:2000])
-        print(traceback.format_exc(), file=log, flush=True)
+        bar.echo(traceback.format_exc(), file=log)
     finally:
         stack.stop_all()
     res.seconds = time.monotonic() - t0
-    print(
-        f"[chaos] {name}: {'passed' if res.passed else 'FAILED'} in {res.seconds:.0f} s", file=log, flush=True
-    )
+    bar.advance()
+    bar.echo(f"[chaos] {name}: {'passed' if res.passed else 'FAILED'} in {res.seconds:.0f} s", file=log)
     return res
 
 
@@ -167,33 +170,38 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     stack = ChaosStack(home)
     results: list[Result] = []
-    try:
-        t0 = time.monotonic()
+    # The table and the JSON come after the run; meanwhile, the scenario on and its time.
+    bar = Progress("chaos", total=len(names), unit="scenarios")
+    with bar, bar.ticking():
         try:
-            stack.up()
-        except Exception as exc:  # every scenario fails, saying why
-            print(f"[chaos] the private stack did not start: {exc}", file=log)
-            for name in names:
-                results.append(Result(name, notes=[f"the private stack did not start: {exc}"[:2000]]))
-            names = []
-        else:
-            up_s = time.monotonic() - t0
-            print(f"[chaos] private stack up in {up_s:.1f} s at {home} ({stack.ports})", file=log)
-        for name in names:
-            results.append(run_scenario(stack, name, size, log))
-    except KeyboardInterrupt:
-        print("[chaos] interrupted", file=log)
-        return 130
-    finally:
-        try:
-            if args.keep_stack:
-                stack.stop_all()
+            t0 = time.monotonic()
+            bar.update(detail="starting the private stack")
+            try:
+                stack.up()
+            except Exception as exc:  # every scenario fails, saying why
+                bar.echo(f"[chaos] the private stack did not start: {exc}", file=log)
+                for name in names:
+                    results.append(Result(name, notes=[f"the private stack did not start: {exc}"[:2000]]))
+                names = []
             else:
-                stack.down()
-        except Exception as exc:
-            print(f"[chaos] stopping the private stack failed: {exc}", file=log)
-        if tmp is not None and not args.keep_stack:
-            tmp.cleanup()
+                up_s = time.monotonic() - t0
+                bar.echo(f"[chaos] private stack up in {up_s:.1f} s at {home} ({stack.ports})", file=log)
+            for name in names:
+                results.append(run_scenario(stack, name, size, log, bar))
+        except KeyboardInterrupt:
+            bar.echo("[chaos] interrupted", file=log)
+            return 130
+        finally:
+            bar.update(detail="stopping the private stack")
+            try:
+                if args.keep_stack:
+                    stack.stop_all()
+                else:
+                    stack.down()
+            except Exception as exc:
+                bar.echo(f"[chaos] stopping the private stack failed: {exc}", file=log)
+            if tmp is not None and not args.keep_stack:
+                tmp.cleanup()
     text = table(results)
     if args.json:
         print(text, file=log)

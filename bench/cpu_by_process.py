@@ -7,7 +7,9 @@ Samples every process's CPU time (``/proc/<pid>/stat`` utime + stime) every ``--
 seconds and attributes the growth to a kind from its command line (Kafka, ClickHouse, stream
 worker, action service, node exporters, training ranks, warm pools and zygotes, the baseline job,
 the demo driver, other).  A process that lives shorter than one interval is missed, so the
-total is a lower bound; the share of the machine is the total over ``cores x wall``.
+total is a lower bound; the share of the machine is the total over ``cores x wall``.  Without a
+command, stderr counts the seconds down (``TRAINGUARD_PROGRESS=0``: not); with one, the command's
+own output is the progress.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from infra.progress import Progress, quiet
 
 #: (kind, substrings of the command line, any of which marks it); the first match wins.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -73,7 +77,10 @@ def sample(root: Path = Path("/proc")) -> dict[int, tuple[str, float]]:
     return out
 
 
-def measure(seconds: float, interval: float, command: list[str]) -> dict[str, object]:
+def measure(
+    seconds: float, interval: float, command: list[str], progress: Progress | None = None
+) -> dict[str, object]:
+    bar = progress or quiet()
     proc = subprocess.Popen(command) if command else None
     first = sample()
     seen = dict(first)
@@ -88,6 +95,7 @@ def measure(seconds: float, interval: float, command: list[str]) -> dict[str, ob
                 kind = seen[pid][0]
             if pid not in seen or cpu >= seen[pid][1]:
                 seen[pid] = (kind, cpu)
+        bar.update(int(time.monotonic() - start), detail=f"{len(seen)} processes seen")
         done = proc.poll() is not None if proc else time.monotonic() - start >= seconds
         if done:
             break
@@ -116,7 +124,12 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("command", nargs="*", help="a command to run and measure (after --)")
     args = parser.parse_args()
-    result = measure(args.seconds, args.interval, args.command)
+    # This process's CPU is left out of the measure.  With a command, none: its output shares the
+    # terminal and a rewritten line would garble it.
+    with Progress(
+        "cpu by process", total=args.seconds, unit="s", rate=False, summary=False, enabled=not args.command
+    ) as bar:
+        result = measure(args.seconds, args.interval, args.command, bar)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -8,7 +8,9 @@ baseline's (same ClickHouse query, same run), the lowest 1-hour sliding ETTR, an
 detect and recover seconds over the run's incidents.  A run that exits non-zero or writes no
 summary is reported as failed with the tail of its output.  Exit status: 0 when every run wrote a
 summary with every incident recovered and a measured ETTR (an ETTR of 0 over 0 s means ClickHouse
-holds no training steps of the job: the pipeline lost them), 1 otherwise.
+holds no training steps of the job: the pipeline lost them), 1 otherwise.  While it runs, stderr
+shows which run is on, its time so far and the ETA (``TRAINGUARD_PROGRESS=0``: nothing); stdout
+holds only the per-run lines.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from infra.progress import Progress
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -56,6 +60,39 @@ def _fmt(value: Any, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def _run(run: int, out_dir: Path, exe: Path, demo_args: list[str], bar: Progress) -> dict[str, Any] | None:
+    """One demo run, its line printed; None when it wrote no summary."""
+    summary_path = out_dir / f"run{run}-summary.json"
+    log_path = out_dir / f"run{run}.log"
+    summary_path.unlink(missing_ok=True)
+    bar.update(detail=f"run {run}: `trainguard demo` (log {log_path})")
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        code = subprocess.call(
+            [str(exe), "demo", "--summary-json", str(summary_path), *demo_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    wall_s = time.monotonic() - started
+    bar.advance()
+    if not summary_path.exists():
+        tail = log_path.read_text(errors="replace")[-2000:]
+        bar.echo(f"run {run}: FAILED (exit {code}, {wall_s:.0f} s, no summary); log tail:\n{tail}")
+        return None
+    row = describe(json.loads(summary_path.read_text()), wall_s)
+    row["exit"] = code
+    bar.echo(
+        f"run {run}: {row['wall_s'] / 60:.1f} min  recovered {row['recovered']}/{row['injected']}  "
+        f"ETTR {_fmt(row['ettr'], '{:.1%}')}  baseline {_fmt(row['baseline_ettr'], '{:.1%}')}  "
+        f"lowest sliding {_fmt(row['sliding_ettr_min'], '{:.1%}')}  "
+        f"detect p50/p90 {_fmt(row['detect_p50_s'], '{:.1f}')}/{_fmt(row['detect_p90_s'], '{:.1f}')} s  "
+        f"recover p50/p90 {_fmt(row['recover_p50_s'], '{:.1f}')}/{_fmt(row['recover_p90_s'], '{:.1f}')} s"
+        + (f"  NOT recovered: {', '.join(row['not_recovered'])}" if row["not_recovered"] else "")
+        + (f"  (exit {code})" if code else "")
+    )
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -65,38 +102,10 @@ def main() -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).with_name("trainguard")
     results: list[dict[str, Any] | None] = []
-    for run in range(1, args.runs + 1):
-        summary_path = args.out_dir / f"run{run}-summary.json"
-        log_path = args.out_dir / f"run{run}.log"
-        summary_path.unlink(missing_ok=True)
-        started = time.monotonic()
-        with open(log_path, "wb") as log:
-            code = subprocess.call(
-                [str(exe), "demo", "--summary-json", str(summary_path), *args.demo_args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wall_s = time.monotonic() - started
-        if not summary_path.exists():
-            tail = log_path.read_text(errors="replace")[-2000:]
-            print(
-                f"run {run}: FAILED (exit {code}, {wall_s:.0f} s, no summary); log tail:\n{tail}", flush=True
-            )
-            results.append(None)
-            continue
-        row = describe(json.loads(summary_path.read_text()), wall_s)
-        row["exit"] = code
-        results.append(row)
-        print(
-            f"run {run}: {row['wall_s'] / 60:.1f} min  recovered {row['recovered']}/{row['injected']}  "
-            f"ETTR {_fmt(row['ettr'], '{:.1%}')}  baseline {_fmt(row['baseline_ettr'], '{:.1%}')}  "
-            f"lowest sliding {_fmt(row['sliding_ettr_min'], '{:.1%}')}  "
-            f"detect p50/p90 {_fmt(row['detect_p50_s'], '{:.1f}')}/{_fmt(row['detect_p90_s'], '{:.1f}')} s  "
-            f"recover p50/p90 {_fmt(row['recover_p50_s'], '{:.1f}')}/{_fmt(row['recover_p90_s'], '{:.1f}')} s"
-            + (f"  NOT recovered: {', '.join(row['not_recovered'])}" if row["not_recovered"] else "")
-            + (f"  (exit {code})" if code else ""),
-            flush=True,
-        )
+    bar = Progress("demo runs", total=args.runs, unit="runs")
+    with bar, bar.ticking():
+        for run in range(1, args.runs + 1):
+            results.append(_run(run, args.out_dir, exe, args.demo_args, bar))
     (args.out_dir / "runs.json").write_text(json.dumps(results, indent=2))
     ok = all(
         r is not None and r["recovered"] == r["injected"] and r["exit"] == 0 and r["ettr"] for r in results

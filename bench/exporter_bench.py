@@ -13,6 +13,8 @@ measures only the spool's cost of durability instead: appends/s and p50/p99/max 
 ``Spool.append`` (a 600-byte record, default 1 MiB segments, sealed and so fsynced when full) with
 fsync off, at the default interval and on every append.  Put ``--spool-dir`` on the disk the
 exporter's state_dir will use: on tmpfs an fsync costs nothing.
+
+stderr counts the ``--duration`` down (``TRAINGUARD_PROGRESS=0``: not); stdout holds the figures.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trainguard_demo.nvml_sim import SimulatedNvml
 
 from infra.config import load_settings
+from infra.progress import Progress
 from streams.exporter.config import load_exporter_config
 from streams.exporter.service import ExporterService
 from streams.exporter.spool import Record, Spool
@@ -119,7 +122,12 @@ def main() -> None:
         service.exporter.start()
     else:
         service.start()
-    time.sleep(args.duration)
+    # The seconds counted down on stderr, from this thread every 5 s (no ticking thread: this
+    # process's CPU is what is measured, and a dozen updates cost microseconds of it).
+    with Progress("exporter bench", total=args.duration, unit="s", rate=False, summary=False) as bar:
+        while (left := t0 + args.duration - time.monotonic()) > 0:
+            time.sleep(min(5.0, left))
+            bar.update(int(time.monotonic() - t0))
     c1, t1 = cpu_s(), time.monotonic()
     rss1 = rss_mb()
     health = {h.name: h for h in service.exporter.health()}

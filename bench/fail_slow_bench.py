@@ -18,6 +18,7 @@ Each window is judged with the straggler hint a detection would give:
 ``--before`` adds the rule as it was (a 60% vote over 5 rounds, no chance bound, no more rounds).
 
 Usage: ``python bench/fail_slow_bench.py tests/fixtures/stacks [--before] [--alpha 0.01]``
+(stderr: the capture being judged, captures done; stdout: the tables and ``--json``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from detectors.stacks import (  # noqa: E402 -- after the path tweak, so it runs
     RankState,
     load_dump_dir,
 )
+from infra.progress import Progress  # noqa: E402
 from schemas.enums import Verdict  # noqa: E402
 from schemas.topology import JobTopology  # noqa: E402
 
@@ -110,25 +112,29 @@ WIDTHS = (30, 5, 6, 18, 7, 7, 5, 9, 11)
 def run(folder: Path, cfg: OverEvictionConfig, label: str, use_hints: bool = True) -> dict[str, object]:
     rows = []
     totals = {k: Tally() for k in ("healthy_no_hint", "healthy_rank_hint", "slow_no_hint", "slow_hint")}
-    for case in sorted(p for p in folder.iterdir() if (p / "manifest.json").exists()):
-        m = json.loads((case / "manifest.json").read_text())
-        if int(m.get("rounds") or 1) < cfg.fail_slow_rounds:
-            continue
-        topo = topology(m)
-        clf = OverEvictionClassifier(topo, cfg)
-        states = [clf.states(r) for r in load_dump_dir(case)]
-        slow = m.get("faulty_rank")
-        world = topo.world_size
-        if slow is None:
-            kinds = {"healthy_no_hint": [()], "healthy_rank_hint": [(r,) for r in range(world)]}
-        else:
-            kinds = {"slow_no_hint": [()], "slow_hint": [(int(slow),)]}
-        for kind, hints in kinds.items():
-            tally = judge_case(clf, states, None if slow is None else int(slow), hints, use_hints)
-            totals[kind].add(tally)
-            values = (case.name, world, len(states), kind, tally.windows, tally.evicted, tally.wrong,
-                      tally.undecided, round(tally.rounds / tally.windows, 1))  # fmt: skip
-            rows.append(dict(zip(COLUMNS, values, strict=True)))
+    cases = sorted(p for p in folder.iterdir() if (p / "manifest.json").exists())
+    # On stderr, gone (or left as one line when slow) before the table is printed on stdout.
+    with Progress(f"fail-slow bench: {label}", unit="captures", summary=False) as bar, bar.ticking():
+        for case in bar.iter(cases):
+            bar.update(detail=case.name)
+            m = json.loads((case / "manifest.json").read_text())
+            if int(m.get("rounds") or 1) < cfg.fail_slow_rounds:
+                continue
+            topo = topology(m)
+            clf = OverEvictionClassifier(topo, cfg)
+            states = [clf.states(r) for r in load_dump_dir(case)]
+            slow = m.get("faulty_rank")
+            world = topo.world_size
+            if slow is None:
+                kinds = {"healthy_no_hint": [()], "healthy_rank_hint": [(r,) for r in range(world)]}
+            else:
+                kinds = {"slow_no_hint": [()], "slow_hint": [(int(slow),)]}
+            for kind, hints in kinds.items():
+                tally = judge_case(clf, states, None if slow is None else int(slow), hints, use_hints)
+                totals[kind].add(tally)
+                values = (case.name, world, len(states), kind, tally.windows, tally.evicted, tally.wrong,
+                          tally.undecided, round(tally.rounds / tally.windows, 1))  # fmt: skip
+                rows.append(dict(zip(COLUMNS, values, strict=True)))
     print(f"\n== {label} ==")
     print(
         " ".join(

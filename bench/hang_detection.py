@@ -20,7 +20,9 @@ and prints, per kind, the median and the worst over the runs of:
 next to the stall threshold the demo derives from its step time and the job's collective
 (gloo) timeout, which is what would find the hang without TrainGuard.  The injection is when the
 fault is armed; it fires at the rank's next step, so ``detect`` includes up to one step.
-``--summaries`` re-reads earlier runs' summary files instead of running the demo.
+``--summaries`` re-reads earlier runs' summary files instead of running the demo.  While the
+demo runs, stderr shows which run is on, its time so far and the ETA (``TRAINGUARD_PROGRESS=0``:
+nothing); stdout is unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infra.progress import Progress
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = [
     {"fault": "hang", "machine": 3},
@@ -45,11 +49,12 @@ SCENARIO = [
 COLUMNS = (("detect", "detected_s"), ("localise", "localised_s"), ("recovered", "recovered_s"))
 
 
-def run_demo(out_dir: Path, n: int) -> Path:
+def run_demo(out_dir: Path, n: int, bar: Progress) -> Path:
     scenario = out_dir / "hang-scenario.yaml"
     scenario.write_text("".join(f"- {{fault: {s['fault']}, machine: {s['machine']}}}\n" for s in SCENARIO))
     summary = out_dir / f"run{n}-summary.json"
     log = out_dir / f"run{n}.log"
+    bar.update(detail=f"run {n}: `trainguard demo` (log {log})")
     started = time.monotonic()
     with log.open("wb") as f:
         rc = subprocess.call(
@@ -57,9 +62,10 @@ def run_demo(out_dir: Path, n: int) -> Path:
              "--summary-json", str(summary)],
             cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    print(f"run {n}: exit {rc} in {time.monotonic() - started:.0f} s ({log})", flush=True)
+    bar.advance()
+    bar.echo(f"run {n}: exit {rc} in {time.monotonic() - started:.0f} s ({log})")
     if rc != 0 or not summary.exists():
-        print(log.read_text()[-3000:])
+        bar.echo(log.read_text()[-3000:])
         raise SystemExit(1)
     return summary
 
@@ -108,7 +114,9 @@ def main() -> int:
         paths = list(args.summaries)
     else:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        paths = [run_demo(args.out_dir, n) for n in range(1, args.runs + 1)]
+        bar = Progress("hang bench", total=args.runs, unit="runs")
+        with bar, bar.ticking():
+            paths = [run_demo(args.out_dir, n, bar) for n in range(1, args.runs + 1)]
     summaries = [json.loads(p.read_text()) for p in paths]
     threshold = f"{cfg.stall_factor:g} x p99 step time within [{cfg.min_stall_s:g}, {cfg.stall_s:g}] s"
     print(table(summaries, float(cfg.pg_timeout_s), threshold))

@@ -4,6 +4,8 @@ Messages are real encoded ``TrainingStep`` events (~250 bytes JSON).  Each run u
 8-partition topic that is deleted afterwards.  Start the stack first (`trainguard stack up`).
 
     python bench/kafka_throughput.py [--messages 50000]
+
+stderr shows the client being measured and the time so far; stdout holds the table.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 import uuid
 
 from infra.config import load_settings
+from infra.progress import Progress
 from schemas.codec import encode
 from schemas.workload import TrainingStep
 
@@ -105,16 +108,21 @@ def main() -> None:
     data = payloads(args.messages)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     results = {}
-    for name in ("kafka-python", "aiokafka"):
-        topic = f"bench-{uuid.uuid4().hex[:8]}"
-        admin.create_topics([NewTopic(topic, 8, 1)])
-        try:
-            if name == "kafka-python":
-                results[name] = kafka_python(bootstrap, topic, data)
-            else:
-                results[name] = asyncio.run(aiokafka_run(bootstrap, topic, data))
-        finally:
-            admin.delete_topics([topic])
+    # stderr; the table comes after.  The ticking thread wakes twice a second at most: noise
+    # against the clients' throughput.
+    with Progress("kafka throughput", total=2, unit="clients") as bar, bar.ticking():
+        for name in ("kafka-python", "aiokafka"):
+            bar.update(detail=f"{name}: produce, then consume {args.messages:,} messages")
+            topic = f"bench-{uuid.uuid4().hex[:8]}"
+            admin.create_topics([NewTopic(topic, 8, 1)])
+            try:
+                if name == "kafka-python":
+                    results[name] = kafka_python(bootstrap, topic, data)
+                else:
+                    results[name] = asyncio.run(aiokafka_run(bootstrap, topic, data))
+            finally:
+                admin.delete_topics([topic])
+            bar.advance()
     admin.close()
     size = sum(map(len, data)) // len(data)
     print(f"{args.messages} TrainingStep messages (~{size} B each), 8 partitions, loopback")

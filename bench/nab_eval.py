@@ -30,6 +30,8 @@ first half is the detector's own warm-up).  Points scoring strictly above it are
 The bench runs the detectors with the parameters in :data:`BENCH_PARAMS` (Isolation Forest
 refits every 256 samples instead of 128, to keep the run short); the autoencoder is trained
 on every ``--ae-stride``-th sample only (default 1: no striding), scoring every sample.
+Progress (detector and file, files done of all, ETA) goes to stderr; stdout holds the tables or
+the JSON only.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from detectors.base import AnomalyDetector
 from detectors.registry import build, registered
+from infra.progress import Progress, quiet
 
 PROBATION_FRACTION = 0.15  # NAB's probationary period
 DEFAULT_Q = 0.99
@@ -241,13 +244,19 @@ def load_series(path: Path) -> tuple[list[datetime], list[float]]:
     return [datetime.fromisoformat(r["timestamp"]) for r in rows], [float(r["value"]) for r in rows]
 
 
-def run(data_dir: Path, names: Sequence[str], q: float, ae_stride: int) -> dict[str, Any]:
+def run(
+    data_dir: Path, names: Sequence[str], q: float, ae_stride: int, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Every detector on every file; ``progress`` counts the (detector, file) pairs done."""
     labels = json.loads((data_dir / "label_windows.json").read_text())
     results: dict[str, Any] = {"metric": METRIC, "q": q, "detectors": {}}
+    bar = progress or quiet()
+    bar.update(total=len(names) * len(labels))
     for name in names:
         per_file, total = {}, Counts()
         t0, c0 = time.perf_counter(), time.process_time()
         for nab_path, raw_windows in sorted(labels.items()):
+            bar.update(detail=f"{name}: {Path(nab_path).name}")
             timestamps, values = load_series(data_dir / Path(nab_path).name)
             windows = window_indices(timestamps, raw_windows)
             stride = ae_stride if name == "autoencoder" else 1
@@ -256,6 +265,7 @@ def run(data_dir: Path, names: Sequence[str], q: float, ae_stride: int) -> dict[
             counts, threshold, auc = evaluate_series(scores, windows, q)
             per_file[Path(nab_path).name] = {**counts.summary(), "threshold": threshold, "auc": auc}
             total += counts
+            bar.advance()
         results["detectors"][name] = {
             "params": BENCH_PARAMS.get(name, {}),
             "files": per_file,
@@ -311,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ae-stride", type=int, default=1, help="autoencoder learns every n-th sample")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args(argv)
-    results = run(args.data_dir, args.detectors, args.q, args.ae_stride)
+    # stderr: the tables or the JSON on stdout stay as they were.
+    with Progress("nab", unit="files") as bar, bar.ticking():
+        results = run(args.data_dir, args.detectors, args.q, args.ae_stride, bar)
     if args.json:
         print(json.dumps(results, indent=1))
     else:

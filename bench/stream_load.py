@@ -71,12 +71,13 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from decode_cost import gpu_samples
 from worker_cost import STAGES, Profile, Profiler, core_busy_seconds, cpu_seconds
 
 from infra.config import load_settings
+from infra.progress import Progress
 from schemas.base import now_ms
 from schemas.codec import decode, encode
 from schemas.control import Decision, Detection
@@ -546,6 +547,39 @@ def cores(worker_core: int) -> tuple[int | None, str]:
     return worker_core, ",".join(map(str, others))
 
 
+def _level(
+    args: argparse.Namespace, n: int, k: int, core: int | None, others: str, bar: Progress, out: TextIO
+) -> dict[str, Any]:
+    """One level (``n`` machines, ``k`` workers): run, its table row printed."""
+    r = run(
+        n,
+        args.seconds,
+        args.step_interval,
+        args.web_port,
+        core,
+        others,
+        args.profile,
+        args.profile_rate,
+        args.warmup,
+        args.profile_raw,
+        args.sink_process,
+        k,
+        args.burst,
+    )
+    bar.advance()
+    bar.echo(
+        f"{n:8d}  {k:7d}  {r['msgs_per_s']:11.0f}  {'yes' if r['keeps_up'] else 'NO':8}"
+        f"  {r['final_lag']:9.0f}  "
+        f"{r['max_lag']:7.0f}  {r['xid_p50_s']:17.2f}s {r['xid_p99_s']:5.2f}s  {r['xid_lost']:13d}"
+        f"  {r['worker_cpu_ms_per_1k']:21.0f}  {r['worker_cpu_ms_per_1k_processed']:15.0f}"
+        f"  {r['worker_core_util_pct']:8.0f}%  {r['worker_core_others_pct']:13.0f}%"
+        f"  {r['generator_cpu_ms_per_1k']:19.0f}"
+        + (f"  {r['sink_cpu_ms_per_1k']:14.0f}  {r['sink_final_lag']:8.0f}" if args.sink_process else ""),
+        file=out,
+    )
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--machines", default="300,600,1200")
@@ -615,34 +649,13 @@ def main() -> None:
     )
     results = []
     levels = [(n, k) for n in [int(x) for x in args.machines.split(",")] for k in worker_counts]
-    for n, k in levels:
-        r = run(
-            n,
-            args.seconds,
-            args.step_interval,
-            args.web_port,
-            core,
-            others,
-            args.profile,
-            args.profile_rate,
-            args.warmup,
-            args.profile_raw,
-            args.sink_process,
-            k,
-            args.burst,
-        )
-        results.append(r)
-        print(
-            f"{n:8d}  {k:7d}  {r['msgs_per_s']:11.0f}  {'yes' if r['keeps_up'] else 'NO':8}"
-            f"  {r['final_lag']:9.0f}  "
-            f"{r['max_lag']:7.0f}  {r['xid_p50_s']:17.2f}s {r['xid_p99_s']:5.2f}s  {r['xid_lost']:13d}"
-            f"  {r['worker_cpu_ms_per_1k']:21.0f}  {r['worker_cpu_ms_per_1k_processed']:15.0f}"
-            f"  {r['worker_core_util_pct']:8.0f}%  {r['worker_core_others_pct']:13.0f}%"
-            f"  {r['generator_cpu_ms_per_1k']:19.0f}"
-            + (f"  {r['sink_cpu_ms_per_1k']:14.0f}  {r['sink_final_lag']:8.0f}" if args.sink_process else ""),
-            file=out,
-            flush=True,
-        )
+    # On stderr, a thread of this process: what it costs the generator's CPU figure is noise
+    # (a few microseconds a second against the generator's hundreds of milliseconds).
+    bar = Progress("stream load", total=len(levels), unit="levels")
+    with bar, bar.ticking():
+        for n, k in levels:
+            bar.update(detail=f"{n} machines, {k} worker(s): {args.seconds:g} s of load")
+            results.append(_level(args, n, k, core, others, bar, out))
     print(
         "\nwhere an Xid's time went (p50 / p99 s): line -> detection sent, -> decision sent, -> seen here",
         file=out,

@@ -12,6 +12,9 @@ does by default), every record to its topic's twin ``trainguard.shadow.<rest>``
 No live worker and no action service reads a namespace; a shadow worker (``trainguard worker
 --namespace shadow``) runs the detection path on it.  ``namespace=""`` writes the topics as
 recorded, the live ones: the live action service acts on what it decides from them.
+
+Both report to a :class:`~infra.progress.Progress` when given one: records done of the total
+(a recording's record count; the offsets between the window's start and the partitions' ends).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import IO, Any
 
 from infra.bus import BusError, create_topics
 from infra.config import KafkaConfig
+from infra.progress import Progress, quiet
 from schemas.topics import namespaced
 
 #: the namespace ``trainguard replay`` writes to unless told ``--live``.
@@ -55,6 +59,7 @@ def record(
     out: IO[str],
     until_ms: int | None = None,
     namespace: str = "",
+    progress: Progress | None = None,
 ) -> int:
     """Write every record of ``topics`` with timestamp in [since_ms, until_ms] to ``out``; return count.
 
@@ -63,6 +68,7 @@ def record(
     """
     from kafka import KafkaConsumer, TopicPartition
 
+    bar = progress or quiet()
     named = {namespaced(t, namespace): t for t in topics}
 
     consumer = KafkaConsumer(**cfg.client_kwargs(), enable_auto_commit=False, group_id=None)
@@ -77,17 +83,25 @@ def record(
         ends = consumer.end_offsets(parts)
         starts = consumer.offsets_for_times(dict.fromkeys(parts, since_ms))
         records = []
-        for tp in parts:
-            start = starts.get(tp)
-            if start is None or start.offset >= ends[tp]:
-                continue
-            consumer.seek(tp, start.offset)
+        todo = {
+            tp: start.offset
+            for tp in parts
+            if (start := starts.get(tp)) is not None and start.offset < ends[tp]
+        }
+        # At most this many: records after until_ms are read but not kept.
+        window = sum(ends[tp] - offset for tp, offset in todo.items())
+        bar.phase(f"reading {len(parts)} partition(s)", window, "records")
+        for tp, start_offset in todo.items():
+            consumer.seek(tp, start_offset)
             while consumer.position(tp) < ends[tp]:
-                for recs in consumer.poll(timeout_ms=1000, max_records=5000).values():
-                    for r in recs:
-                        if r.offset < ends[tp] and (until_ms is None or r.timestamp <= until_ms):
-                            records.append(r)
+                for got, recs in consumer.poll(timeout_ms=1000, max_records=5000).items():
+                    # Each record against its own partition's end: a partition read earlier (or
+                    # not seeked yet) also returns what was written after the window's end.
+                    read = [r for r in recs if r.offset < ends[got]]
+                    records += [r for r in read if until_ms is None or r.timestamp <= until_ms]
+                    bar.advance(len(read))
         records.sort(key=lambda r: (r.timestamp, r.topic, r.partition, r.offset))
+        bar.phase("writing", len(records), "records")
         for r in records:
             line = {
                 "topic": named.get(r.topic, r.topic),
@@ -98,9 +112,16 @@ def record(
                 "value": _enc(r.value),
             }
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
+            bar.advance()
         return len(records)
     finally:
         consumer.close()
+
+
+def count_records(path: Path) -> int:
+    """The records in a recording (its non-blank lines): a replay's total, read before it starts."""
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
 
 
 def read_recording(path: Path) -> Iterator[dict[str, Any]]:
@@ -124,14 +145,18 @@ def replay(
     topic_map: Callable[[str], str] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     namespace: str = "",
+    progress: Progress | None = None,
 ) -> int:
     """Produce the recording's records in order, keeping keys and (scaled) relative timing.
 
     ``namespace``: into that topic namespace (its topics are created first); ``""``: the topics
-    as recorded (after ``topic_map``).
+    as recorded (after ``topic_map``).  ``progress``: records sent of the recording's count (a
+    paced replay's rate, and so its ETA, follows the recording's own rate).
     """
     from kafka import KafkaProducer
 
+    bar = progress or quiet()
+    bar.phase("connecting to Kafka" + (f", creating the {namespace} topics" if namespace else ""))
     mapped = topic_map
     if namespace:
         create_topics(cfg, namespace=namespace)
@@ -142,6 +167,9 @@ def replay(
         mapped = in_namespace
 
     producer = KafkaProducer(**cfg.client_kwargs(), acks="all", linger_ms=5)
+    # The count is a pass over the file: only when someone watches.  A phase of its own, so the
+    # rate and ETA are the sending's, not the connection's.
+    bar.phase("sending", count_records(path) if bar.enabled else None, "records")
     sent = 0
     first_ts: int | None = None
     t0 = time.monotonic()
@@ -159,6 +187,7 @@ def replay(
             topic = mapped(rec["topic"]) if mapped else rec["topic"]
             producer.send(topic, key=_dec(rec.get("key")), value=_dec(rec.get("value")))
             sent += 1
+            bar.advance()
         producer.flush()
         return sent
     finally:

@@ -51,7 +51,7 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sCluster
     }
     cluster = K8sCluster(load_settings(environ=env).stack, nodes=NODES)
     try:
-        cluster.start(progress=lambda line: None)
+        cluster.start()  # no progress lines in the test output
         yield cluster
     finally:
         cluster.stop()

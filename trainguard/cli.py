@@ -24,16 +24,24 @@ ENTRY_POINT_GROUP = "trainguard.commands"
     help="YAML config file (sections kafka, clickhouse, stack). Env: TRAINGUARD_CONFIG.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="No progress on stderr for long commands (stack up, record, replay). Env: TRAINGUARD_PROGRESS=0.",
+)
 @click.version_option(__version__, prog_name="trainguard")
 @click.pass_context
-def main(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
+def main(ctx: click.Context, config_path: str | None, verbose: bool, quiet: bool) -> None:
     """TrainGuard keeps large training jobs running through hardware and software faults."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     # kafka-python logs transient coordinator moves as warnings; they are noise for a CLI user.
     logging.getLogger("kafka").setLevel(logging.INFO if verbose else logging.ERROR)
-    ctx.ensure_object(dict)["config_path"] = config_path
+    obj = ctx.ensure_object(dict)
+    obj["config_path"] = config_path
+    obj["quiet"] = quiet
 
 
 def _load_plugins() -> None:

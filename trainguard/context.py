@@ -1,4 +1,5 @@
-"""Shared CLI state: the loaded settings, and turning known errors into clean exits."""
+"""Shared CLI state: the loaded settings, progress on stderr unless ``--quiet``, and turning known
+errors into clean exits."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import click
 from infra.bus import BusError
 from infra.clickhouse.store import StoreError
 from infra.config import Settings, load_settings
+from infra.progress import Progress
 from infra.stack.procs import StackError
 from schemas.config import ConfigError
 
@@ -26,6 +28,14 @@ def settings(ctx: click.Context) -> Settings:
         obj["settings"] = load_settings(obj.get("config_path"))
     loaded: Settings = obj["settings"]
     return loaded
+
+
+def progress(
+    ctx: click.Context, label: str, total: float | None = None, unit: str = "", summary: bool = True
+) -> Progress:
+    """A progress line on stderr for a long command (none with ``trainguard --quiet``)."""
+    quiet = bool(ctx.ensure_object(dict).get("quiet"))
+    return Progress(label, total, unit, enabled=not quiet, summary=summary)
 
 
 def friendly_errors(fn: F) -> F:

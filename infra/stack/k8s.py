@@ -11,7 +11,9 @@ container command as a local process, so the training a pod stands for is real.
 **The build.**  The binaries are built once per machine into ``<cache>/k8s-<version>/bin`` from
 ``infra/k8s/controlplane`` (a Go module requiring ``k8s.io/kubernetes`` with its staging modules
 pinned by ``replace`` lines; ``go.sum`` committed) and kwok by ``go install`` at a pinned version;
-a later ``stack up --k8s`` reuses them.  Cold, the build takes minutes (README: measured).
+a later ``stack up --k8s`` reuses them.  Cold, the build takes minutes (README: measured): the
+progress line names the binary being built, its time so far and the Go modules downloaded (from
+the build log's ``go: downloading`` lines).
 
 **Clients.**  ``stack up --k8s`` writes two kubeconfigs: ``admin.kubeconfig`` (``system:masters``:
 the stack's own components, kubectl for an operator) and ``executor.kubeconfig`` (user
@@ -26,12 +28,12 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infra.config import StackConfig
+from infra.progress import Progress, quiet
 from infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
 from schemas.typecheck import bounds
 
@@ -117,8 +119,28 @@ def go_binary() -> str:
     return path
 
 
-def build_binaries(bin_dir: Path, progress: Callable[[str], None] = print) -> dict[str, float]:
+class _LogWatch:
+    """Counts the ``go: downloading <module>`` lines a build appends to its log."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.modules, self._partial = path, 0, 0, b""
+
+    def poll(self) -> int:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return self.modules
+        self.offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        self.modules += sum(1 for ln in lines if ln.startswith(b"go: downloading "))
+        return self.modules
+
+
+def build_binaries(bin_dir: Path, progress: Progress | None = None) -> dict[str, float]:
     """Build the missing control-plane binaries into ``bin_dir``; returns seconds per binary built."""
+    bar = progress or quiet()
     bin_dir.mkdir(parents=True, exist_ok=True)
     go = go_binary()
     env = {**os.environ, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
@@ -145,23 +167,24 @@ def build_binaries(bin_dir: Path, progress: Callable[[str], None] = print) -> di
     jobs.append(("kwok", [go, "install", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"], None, kwok_env))
     missing = [j for j in jobs if not (bin_dir / j[0]).exists()]
     for n, (name, argv, cwd, jenv) in enumerate(missing, 1):
-        progress(f"k8s: building {name} ({n}/{len(missing)}; cached in {bin_dir} for later starts)")
+        # A phase per binary: each one built leaves its line with its time (the README's numbers).
+        bar.phase(f"k8s: building {name} ({n}/{len(missing)}; cached in {bin_dir} for later starts)")
         t0 = time.monotonic()
         log = bin_dir / f"{name}.build.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=cwd, env=jenv, stdout=out, stderr=subprocess.STDOUT)
+            watch = _LogWatch(log)
             while proc.poll() is None:
                 time.sleep(1)
-                waited = time.monotonic() - t0
-                if int(waited) % 60 == 0 and waited > 1:
-                    progress(f"k8s: building {name}: {waited:.0f}s")
+                if modules := watch.poll():
+                    bar.update(detail=f"{modules} Go module(s) downloaded")
+                bar.tick()
         if proc.returncode != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
             raise StackError(f"building {name} failed (exit {proc.returncode}); {log}:\n{tail}")
         src = bin_dir / ".kwok" / "kwok" if name == "kwok" else bin_dir / f"{name}.tmp"
         src.replace(bin_dir / name)
         built[name] = time.monotonic() - t0
-        progress(f"k8s: {name} built in {built[name]:.0f}s")
     return built
 
 
@@ -229,8 +252,9 @@ class K8sCluster:
         return str(path)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, progress: Callable[[str], None] = print) -> list[str]:
+    def start(self, progress: Progress | None = None) -> list[str]:
         """Build what is missing, start what is not running; returns the names started now."""
+        bar = progress or quiet()
         if self.running():
             want = self._recorded_nodes()
             if want is not None and want != self.cfg.nodes:
@@ -240,7 +264,8 @@ class K8sCluster:
                 )
         else:
             self.check_ports()
-        build_binaries(self.bin_dir, progress)
+        build_binaries(self.bin_dir, bar)
+        bar.phase("k8s: starting the control plane")
         for sub in ("pids", "log", "etcd", "pki", "pods"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o700)  # tokens and keys
@@ -254,7 +279,9 @@ class K8sCluster:
         if self.apiserver.pid() is None:
             self._start_apiserver()
             started.append("kube-apiserver")
+        bar.phase("k8s: waiting until kube-apiserver is ready")
         wait_until(self._ready, timeout, "kube-apiserver", self.apiserver)
+        bar.phase("k8s: starting the scheduler, controllers and kwok")
         self._write_kubeconfigs(tokens)
         common = [f"--kubeconfig={self.admin_kubeconfig}", "--leader-elect=false", "--secure-port=0"]
         if self.scheduler.pid() is None:
@@ -292,6 +319,7 @@ class K8sCluster:
             started.append("kwok")
         from infra.k8s.bootstrap import bootstrap
 
+        bar.phase(f"k8s: creating {self.cfg.nodes} node(s), waiting until they are Ready")
         bootstrap(self, timeout)
         if self.podrunner.pid() is None:
             import sys
@@ -459,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("nothing to do (--build)")
     cluster = K8sCluster(load_settings().stack)
     try:
-        built = build_binaries(cluster.bin_dir)
+        with Progress("k8s build", summary=False) as bar, bar.ticking():
+            built = build_binaries(cluster.bin_dir, bar)
     except StackError as exc:
         print(f"k8s build: {exc}")
         return 1

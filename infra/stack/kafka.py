@@ -2,13 +2,15 @@
 
 The broker's jars are resolved from Maven Central by Maven from ``infra/kafka/pom.xml`` and
 cached under ``<cache_dir>/kafka-<pom hash>/libs`` (shared by every stack home), so a second
-``stack up`` -- or a second home used by tests -- never downloads again.  The log directory lives
-in the stack home and is formatted once; restarts keep topics, data and group offsets.
+``stack up`` -- or a second home used by tests -- never downloads again (that first one shows
+Maven's downloads as it goes: files and megabytes so far).  The log directory lives in the stack
+home and is formatted once; restarts keep topics, data and group offsets.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import logging
 import re
@@ -18,9 +20,47 @@ import uuid
 from pathlib import Path
 
 from infra.config import KafkaConfig, StackConfig
+from infra.progress import Progress, quiet
 from infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
 
 POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
+
+#: Maven's line for each file it fetched: ``Downloaded from central: <url> (3.4 kB at 12 kB/s)``.
+_DOWNLOADED = re.compile(r"Downloaded from \S+: \S+(?: \((?P<size>[\d.]+) (?P<unit>[kMG]?B)\b)?")
+_COPIED = re.compile(r"\bCopying \S+\.jar to ")
+_BYTES = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+class MavenOutput:
+    """What Maven's output says so far: files downloaded (and their size), jars copied."""
+
+    def __init__(self) -> None:
+        self.downloaded = 0
+        self.bytes = 0.0
+        self.copied = 0
+        #: the last lines, for the error message when Maven fails.
+        self.tail: collections.deque[str] = collections.deque(maxlen=300)
+
+    def feed(self, line: str) -> None:
+        self.tail.append(line.rstrip("\n"))
+        if m := _DOWNLOADED.search(line):
+            self.downloaded += 1
+            if m["size"]:
+                self.bytes += float(m["size"]) * _BYTES[m["unit"]]
+        elif _COPIED.search(line):
+            self.copied += 1
+
+    def summary(self) -> str:
+        got = f"{self.downloaded} file(s) downloaded"
+        if self.bytes:
+            got += f" ({self.bytes / 1e6:.1f} MB)" if self.bytes >= 1e6 else f" ({self.bytes / 1e3:.0f} kB)"
+        return got + (f", {self.copied} jar(s) copied" if self.copied else "")
+
+    def errors(self) -> str:
+        """Maven's [ERROR] lines (its INFO lines too when it printed none), at most 2000 chars."""
+        lines = [ln for ln in self.tail if ln.startswith("[ERROR]")] or list(self.tail)
+        return "\n".join(lines)[-2000:]
+
 
 _LOG4J2 = """<Configuration status="WARN">
   <Appenders>
@@ -90,8 +130,9 @@ class KafkaServer:
         digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
         return self.cfg.cache_path / f"kafka-{digest}" / "libs"
 
-    def ensure_jars(self) -> Path:
+    def ensure_jars(self, progress: Progress | None = None) -> Path:
         """Resolve the broker's jars with Maven once; later calls return the cached folder."""
+        bar = progress or quiet()
         libs = self.libs_dir()
         if (libs / ".complete").exists():
             return libs
@@ -104,9 +145,11 @@ class KafkaServer:
         tmp = libs.with_name("libs.partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        # Not -q: Maven's "Downloaded from" and "Copying" lines are the progress of a first start,
+        # which otherwise sits silent for the minute or more the download takes.  -B: no
+        # per-byte transfer lines, no colours.
         cmd = [
             mvn,
-            "-q",
             "-B",
             "-f",
             str(POM),
@@ -114,11 +157,20 @@ class KafkaServer:
             f"-DoutputDirectory={tmp}",
             "-DincludeScope=runtime",
         ]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
+        bar.phase("kafka: resolving the broker's jars with Maven (once)")
+        out = MavenOutput()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True
+        )
+        assert proc.stdout is not None
+        with proc:
+            for line in proc.stdout:
+                out.feed(line)
+                bar.update(detail=out.summary())
+        if proc.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
             raise StackError(
-                "Maven could not resolve the Kafka broker from Maven Central "
-                f"(exit {res.returncode}):\n{(res.stdout + res.stderr)[-2000:]}"
+                f"Maven could not resolve the Kafka broker from Maven Central (exit {proc.returncode}):\n"
+                f"{out.errors()}"
             )
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(libs, ignore_errors=True)
@@ -145,9 +197,10 @@ class KafkaServer:
         self.props_file.write_text(server_properties(self.cfg, self.data_dir))
         (self.dir / "log4j2.xml").write_text(_LOG4J2.format(log=self.dir / "broker.log"))
 
-    def _format_once(self, java: str, libs: Path) -> None:
+    def _format_once(self, java: str, libs: Path, progress: Progress) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
+        progress.phase("kafka: formatting the log dir (once)")
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = [
             java,
@@ -175,15 +228,17 @@ class KafkaServer:
                     "stack.kafka_port / stack.kafka_controller_port (TRAINGUARD__STACK__KAFKA_PORT)."
                 )
 
-    def start(self) -> bool:
+    def start(self, progress: Progress | None = None) -> bool:
         """Start the broker unless it runs already. Returns True if it was started now."""
         if self.proc.pid() is not None:
             return False
+        bar = progress or quiet()
         self.check_ports()
         java = self.java()
-        libs = self.ensure_jars()
+        libs = self.ensure_jars(bar)
         self._write_config()
-        self._format_once(java, libs)
+        self._format_once(java, libs, bar)
+        bar.phase("kafka: starting the broker")
         heap = f"-Xmx{self.cfg.kafka_heap_mb}m"
         argv = [
             java,

@@ -6,13 +6,14 @@ With ``--slurm`` the stack also runs a private local Slurm cluster (:mod:`infra.
 ``up`` is idempotent: servers already running are left alone, then the registry's topics and
 the ClickHouse migrations are applied (both idempotent too).  ``down`` stops only the processes
 whose pid files this stack home owns.  ``reset`` is ``down`` plus deleting the home's data.
+``up`` reports each phase to a :class:`~infra.progress.Progress` (stderr unless given one): what
+runs now and for how long, Maven's downloads on a first start, the Kubernetes build's minutes.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from infra.bus import create_topics
 from infra.clickhouse.store import ClickHouseStore, StoreError
 from infra.config import Settings
+from infra.progress import Progress
 from infra.signing import init_keys
 from infra.stack.clickhouse import ClickHouseServer, ping
 from infra.stack.k8s import K8sCluster
@@ -65,16 +67,28 @@ class Stack:
         slurm_nodes: int | None = None,
         k8s: bool = False,
         k8s_nodes: int | None = None,
-        progress: Callable[[str], None] = print,
+        progress: Progress | None = None,
     ) -> UpReport:
-        """Start Kafka and ClickHouse (with ``slurm`` the private Slurm, with ``k8s`` Kubernetes)."""
+        """Start Kafka and ClickHouse (with ``slurm`` the private Slurm, with ``k8s`` Kubernetes).
+
+        ``progress``: the caller's (it closes it); without one, a line on stderr of its own.
+        """
         self._require_embedded()
+        if progress is not None:
+            return self._up(slurm, slurm_nodes, k8s, k8s_nodes, progress)
+        with Progress("stack up", summary=False) as bar, bar.ticking():
+            return self._up(slurm, slurm_nodes, k8s, k8s_nodes, bar)
+
+    def _up(
+        self, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_nodes: int | None, bar: Progress
+    ) -> UpReport:
         t0 = time.monotonic()
         report = UpReport()
         self.settings.stack.home_path.mkdir(parents=True, exist_ok=True)
         if slurm:
             self.slurm = Slurm(self.settings.stack, nodes=slurm_nodes)
         # Check every port before starting anything: no half-started stack on a conflict.
+        bar.phase("checking ports")
         self.clickhouse.check_ports()
         self.kafka.check_ports()
         if slurm:
@@ -83,28 +97,37 @@ class Stack:
             self.k8s = K8sCluster(self.settings.stack, nodes=k8s_nodes)
             self.k8s.check_ports()
         # Start both first, then wait: the JVM's start-up overlaps ClickHouse's.
+        bar.phase("clickhouse: starting")
         if self.clickhouse.start():
             report.started.append("clickhouse")
-        if self.kafka.start():
+        bar.phase("kafka: starting")
+        if self.kafka.start(bar):
             report.started.append("kafka")
         timeout = self.settings.stack.start_timeout_s
+        bar.phase("clickhouse: waiting until it answers")
         self.clickhouse.wait_healthy(timeout)
+        bar.phase("kafka: waiting until the broker answers")
         self.kafka.wait_healthy(timeout)
         if slurm:
+            bar.phase(f"slurm: starting {len(self.slurm.cfg.node_names)} node(s)")
             report.started += self.slurm.start()
+            bar.phase("slurm: waiting until every node is idle")
             report.slurm_idle_s = self.slurm.wait_idle(timeout)
             report.slurm_nodes = self.slurm.cfg.node_names
         if k8s:
             t1 = time.monotonic()
-            report.started += self.k8s.start(progress)
+            report.started += self.k8s.start(bar)
             report.k8s_s = time.monotonic() - t1
             report.k8s_nodes = self.k8s.cfg.node_names
+        bar.phase("kafka: creating topics")
         report.topics_created = create_topics(self.settings.kafka)
+        bar.phase("clickhouse: applying migrations")
         store = ClickHouseStore(self.settings.clickhouse)
         try:
             report.migrations_applied = [f"{m.version:04d}_{m.name}" for m in store.migrate()]
         finally:
             store.close()
+        bar.phase("signing keys")
         # The embedded stack's processes all share this home: one key set for every principal,
         # so turning `signing.enabled` on needs no other step here (a real cluster gives each
         # role its own key: `trainguard keys init` per machine, public keys in trusted.yaml).

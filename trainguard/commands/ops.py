@@ -2,6 +2,8 @@
 
 ``replay`` writes the shadow topic namespace unless told ``--live``; ``replay --compare`` needs no
 broker: it runs a recording through the offline detection path and lists the decisions that differ.
+``record``, ``replay`` and ``replay --compare`` show their progress on stderr (``trainguard
+--quiet``: none).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from infra.clickhouse.store import ClickHouseStore
+from infra.progress import Progress, quiet
 from infra.replay import SHADOW, read_recording
 from infra.replay import record as record_topics
 from infra.replay import replay as replay_file
 from schemas.config import ConfigError
 from schemas.control import Decision
 from schemas.topics import BY_NAME, PREFIX, TOPICS, namespaced
-from trainguard.context import friendly_errors, settings
+from trainguard.context import friendly_errors, progress, settings
 
 if TYPE_CHECKING:  # the detection path is imported only by --compare
     from detectors.replay import ReplayConfig
@@ -111,8 +114,8 @@ def record(ctx: click.Context, topics: str, since_min: float, out_path: str, nam
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--namespace") from None
     since_ms = int((time.time() - since_min * 60) * 1000)
-    with open(out_path, "w", encoding="utf-8") as out:
-        n = record_topics(settings(ctx).kafka, names, since_ms, out, namespace=namespace)
+    with open(out_path, "w", encoding="utf-8") as out, progress(ctx, "record") as bar, bar.ticking():
+        n = record_topics(settings(ctx).kafka, names, since_ms, out, namespace=namespace, progress=bar)
     click.echo(f"recorded {n} record(s) from {len(names)} topic(s) into {out_path}")
 
 
@@ -212,24 +215,32 @@ def _replay_config(ctx: click.Context, config_path: str | None) -> ReplayConfig:
 
 
 def compare_decisions(
-    recording: Path, config: ReplayConfig, expected: Path | None = None, prior: Path | None = None
+    recording: Path,
+    config: ReplayConfig,
+    expected: Path | None = None,
+    prior: Path | None = None,
+    progress: Progress | None = None,
 ) -> tuple[list[DecisionRow], list[DecisionRow], int, int]:
     """Replay ``recording`` offline with ``config``; (added, removed, expected count, replayed count).
 
     Expected: the worker decisions recorded in ``recording``, or those of ``expected``.  Recorded
     worker decisions are not replayed (the replay makes its own); ``prior``: a recording of the
     decisions made before ``recording`` starts (de-duplication and capture cooldown state).
+    ``progress``: the records read, then the replay's phase (the detection path has no count).
     """
     from detectors.replay import decode_records, replay_events
 
-    events, rejected = decode_records(read_recording(recording))
+    bar = progress or quiet()
+    bar.phase(f"reading {recording.name}", unit="records")
+    events, rejected = decode_records(bar.iter(read_recording(recording)))
     for reason in rejected:
-        click.echo(f"skipped (as the workers would): {reason}", err=True)
+        bar.echo(f"skipped (as the workers would): {reason}", file=sys.stderr)
     recorded = [e for _, e in events if isinstance(e, Decision) and _workers(e)]
     inputs = [(ts, e) for ts, e in events if not (isinstance(e, Decision) and _workers(e))]
     before: list[Decision] = []
     if prior is not None:
         before = [e for _, e in decode_records(read_recording(prior))[0] if isinstance(e, Decision)]
+    bar.phase(f"running {len(inputs):,} events through the detection path")
     result = replay_events(inputs, config, prior=before)
     want = _expected_rows(expected) if expected is not None else [DecisionRow.of(d) for d in recorded]
     got = [DecisionRow.of(d) for d in result.decisions]
@@ -323,9 +334,12 @@ def replay(
         if live:
             raise click.BadParameter("--compare writes nothing to Kafka", param_hint="--live")
         cfg = _replay_config(ctx, config_path)
-        added, removed, n_want, n_got = compare_decisions(
-            Path(file), cfg, Path(expected) if expected else None, Path(prior) if prior else None
-        )
+        # No final line: the comparison's own lines follow (on a terminal the line goes away; in a
+        # log, a run that took one interval or more leaves its phases' lines).
+        with progress(ctx, "replay --compare", summary=False) as bar, bar.ticking():
+            added, removed, n_want, n_got = compare_decisions(
+                Path(file), cfg, Path(expected) if expected else None, Path(prior) if prior else None, bar
+            )
         for row in sorted(added + removed, key=lambda r: (r.job, r.ts_ms)):
             click.echo(row.line("added" if row in added else "removed"))
         differ = len(added) + len(removed)
@@ -346,7 +360,8 @@ def replay(
             fg="red",
             err=True,
         )
-        n = replay_file(settings(ctx).kafka, Path(file), speed=speed)
+        with progress(ctx, "replay") as bar, bar.ticking():
+            n = replay_file(settings(ctx).kafka, Path(file), speed=speed, progress=bar)
         click.echo(f"replayed {n} record(s) into the live topics", file=sys.stdout)
         return
     try:
@@ -355,7 +370,8 @@ def replay(
         raise click.BadParameter(str(exc), param_hint="--namespace") from None
     if not namespace:
         raise click.BadParameter("empty: use --live for the live topics", param_hint="--namespace")
-    n = replay_file(settings(ctx).kafka, Path(file), speed=speed, namespace=namespace)
+    with progress(ctx, "replay") as bar, bar.ticking():
+        n = replay_file(settings(ctx).kafka, Path(file), speed=speed, namespace=namespace, progress=bar)
     click.echo(f"replayed {n} record(s) into {namespaced(PREFIX, namespace)}*", file=sys.stdout)
 
 

@@ -8,7 +8,7 @@ import click
 
 from infra.clickhouse.store import ClickHouseStore
 from infra.stack.manager import Stack
-from trainguard.context import friendly_errors, settings
+from trainguard.context import friendly_errors, progress, settings
 
 
 @click.group()
@@ -41,13 +41,19 @@ def stack() -> None:
 @click.pass_context
 @friendly_errors
 def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_nodes: int | None) -> None:
-    """Start Kafka (KRaft) and ClickHouse, create topics, apply migrations (idempotent)."""
+    """Start Kafka (KRaft) and ClickHouse, create topics, apply migrations (idempotent).
+
+    Shows on stderr what runs now and for how long (Maven's downloads on a first start, the
+    Kubernetes build); `trainguard --quiet` or TRAINGUARD_PROGRESS=0: nothing.
+    """
     if slurm_nodes is not None and not slurm:
         raise click.UsageError("--slurm-nodes needs --slurm")
     if k8s_nodes is not None and not k8s:
         raise click.UsageError("--k8s-nodes needs --k8s")
     st = Stack(settings(ctx))
-    report = st.up(slurm=slurm, slurm_nodes=slurm_nodes, k8s=k8s, k8s_nodes=k8s_nodes, progress=click.echo)
+    # The summary below says how long it took: the progress line only leaves its slow phases.
+    with progress(ctx, "stack up", summary=False) as bar, bar.ticking():
+        report = st.up(slurm=slurm, slurm_nodes=slurm_nodes, k8s=k8s, k8s_nodes=k8s_nodes, progress=bar)
     started = ", ".join(report.started) or "nothing (already running)"
     click.echo(f"started: {started}")
     if report.topics_created:
