@@ -76,7 +76,8 @@ def _secs(v: Any) -> str:
 
 
 def _label(inc: dict[str, Any]) -> str:
-    return f"{inc['category'] or inc['kind'] or '?'} · {inc['action']}"
+    what = inc["category"] or inc["kind"] or str(inc.get("reason") or "")[:28] or "?"
+    return f"{what} · {inc['action']}"
 
 
 def curve_figure(data: ReportData) -> go.Figure:
