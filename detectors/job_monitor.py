@@ -1,4 +1,5 @@
-"""Per-job training-signal monitoring: NaN/spikes, stalls (hang suspicion), stragglers, MFU decline.
+"""Per-job training-signal monitoring: NaN/spikes, stalls (hang suspicion), stragglers, MFU decline,
+slow data (a loader starving compute).
 
 A :class:`JobMonitor` is fed the job's step telemetry and process exits as they arrive and is
 asked periodically (:meth:`JobMonitor.check`) for time-based findings, with an explicit ``now``
@@ -26,6 +27,7 @@ from detectors.exit_settle import ExitSettler, SettleConfig
 from detectors.findings import Finding
 from detectors.liveness import LivenessConfig, SilentMachineDetector
 from detectors.log_classifier import classify_exit
+from detectors.slow_data import SlowDataConfig, SlowDataDetector
 from detectors.stopped_job import RecoveryStatus, StoppedConfig, StoppedJobDetector
 from detectors.training import (
     MfuConfig,
@@ -53,6 +55,7 @@ class MonitorConfig:
     stopped: StoppedConfig = field(default_factory=StoppedConfig)
     settle: SettleConfig = field(default_factory=SettleConfig)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    slow_data: SlowDataConfig = field(default_factory=SlowDataConfig)
 
 
 class JobMonitor:
@@ -72,6 +75,9 @@ class JobMonitor:
         self.stopped = StoppedJobDetector(self.config.stopped, job=job)
         self.settle = ExitSettler(self.config.settle)
         self.liveness = SilentMachineDetector(self.config.liveness, job=job)
+        # Not in the worker's stored state: after a worker restart it learns its baselines
+        # again (a warm-up of each rank's steps), which costs a late slow-data report at most.
+        self.slow_data = SlowDataDetector(self.config.slow_data, job=job)
         self.node_of: dict[int, str] = {}
         self.alive: dict[int, bool] = {}
         #: the step at which the last hang was reported: one report per stall, not one per check.
@@ -100,6 +106,10 @@ class JobMonitor:
             findings.append(_with(f, ranks=(e.rank,), node=e.node))
         if e.mfu is not None and e.rank == 0 and (f2 := self.mfu.observe(ts, e.mfu)) is not None:
             findings.append(f2)
+        if e.data_wait_s is not None:
+            f3 = self.slow_data.observe(e.rank, e.step, ts, e.step_time_s, e.data_wait_s, node=e.node)
+            if f3 is not None:
+                findings.append(f3)
         return [self._det(f, e.ts_ms, now_ms, ("step", e.rank, e.step)) for f in findings]
 
     def on_liveness(self, e: RankLiveness) -> list[Detection]:

@@ -158,6 +158,7 @@ class DetectionPath:
             m.straggler.config, m.mfu.config = m.config.straggler, m.config.mfu
             m.stopped.config = m.config.stopped
             m.settle.config = m.config.settle
+            m.slow_data.config = m.config.slow_data
 
     # -- inspection, anomaly, training: telemetry -> detections ---------------------------------
 

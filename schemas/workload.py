@@ -41,6 +41,9 @@ class TrainingStep(Event):
     mfu: float | None = field(default=None, metadata=bounds(0, 1))
     #: reporter queue drops since the last delivered step (never silently lost).
     dropped: int = field(default=0, metadata=bounds(0, 2**62))
+    #: time the step waited for its batch (the training loop's ``next(batches)``); with
+    #: ``step_time_s``, how much of the step the data loader starved compute (slow-data detector).
+    data_wait_s: float | None = field(default=None, metadata=bounds(0, 1e7))
 
 
 @register

@@ -13,6 +13,20 @@ exporter's on-disk spool covers broker outages for step telemetry too, training 
 no Kafka credentials, and this module imports nothing heavier than the stdlib and ``schemas``.
 If the exporter is down, the datagrams are counted as dropped (its missing heartbeat is the alarm).
 
+**Data wait.**  A training loop that passes ``data_wait_s`` to ``step()`` lets the slow-data
+detector see a loader that starves compute.  Measure it around the fetch, nothing else::
+
+    batches = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches)  # blocks while the loader's workers have no batch ready
+        data_wait_s = time.perf_counter() - t0
+        ...  # forward, backward, optimizer step
+        rep.step(step, loss=loss, data_wait_s=data_wait_s)
+
+(With ``streams.data_position.DataPosition.batches``, time the ``next()`` on its iterator the same
+way.)  A host-to-device copy belongs to the step, not to the wait.
+
 ``step()`` never blocks and never raises: it timestamps the call and appends a tuple to a bounded
 in-memory queue (drop-and-count when full); a daemon thread builds the events, encodes them and
 sends them.  Each published step carries ``dropped``, the steps lost since the previous one.
@@ -396,8 +410,13 @@ class Reporter:
         grad_norm: float | None = None,
         tokens: int | None = None,
         step_time_s: float | None = None,
+        data_wait_s: float | None = None,
     ) -> None:
-        """Record one optimizer step; O(1), no I/O, no locks, no allocation beyond one tuple."""
+        """Record one optimizer step; O(1), no I/O, no locks, no allocation beyond one tuple.
+
+        ``data_wait_s``: how long this step waited for its batch -- the time around the loop's
+        ``next()`` on the data iterator (see the module docstring); the slow-data detector
+        compares it with the step time."""
         now = time.perf_counter()
         if step_time_s is None and self._last_t is not None:
             step_time_s = now - self._last_t
@@ -405,7 +424,8 @@ class Reporter:
         if len(self._queue) >= self.queue_size:
             self._full_drops += 1
             return
-        self._queue.append((step, time.time_ns() // 1_000_000, loss, grad_norm, tokens, step_time_s))
+        item = (step, time.time_ns() // 1_000_000, loss, grad_norm, tokens, step_time_s, data_wait_s)
+        self._queue.append(item)
 
     @property
     def dropped(self) -> int:
@@ -414,7 +434,7 @@ class Reporter:
 
     # -- background ----------------------------------------------------------------------------
     def _event(self, item: tuple[Any, ...]) -> TrainingStep:
-        step, ts_ms, loss, grad_norm, tokens, step_time = item
+        step, ts_ms, loss, grad_norm, tokens, step_time, data_wait = item
         tps = mfu = None
         if step_time and step_time > 0:
             if tokens is not None:
@@ -438,6 +458,7 @@ class Reporter:
             tokens_per_s=tps,
             mfu=mfu,
             dropped=dropped,
+            data_wait_s=None if data_wait is None else float(data_wait),
         )
 
     def _send(self, event: Event) -> bool:

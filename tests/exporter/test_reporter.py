@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from schemas.codec import decode
 from schemas.workload import LogLine, ProcessExit, TrainingStep
 from streams.exporter.sources.base import SourceContext
 from streams.exporter.sources.reporter import ReporterSource
@@ -177,3 +178,20 @@ def test_garbage_datagrams_are_rejected_not_published(root: Path, tmp_path: Path
     wait_until(both_rejected, 10, lambda: f"2 datagrams rejected; rejected {src.rejected}", interval_s=0.01)
     assert published == [] and src.rejected == 2
     src.close()
+
+
+def test_data_wait_travels_and_older_steps_still_decode(root: Path, tmp_path: Path) -> None:
+    src = _source(root, tmp_path)
+    rep = Reporter(job="", rank=0, socket_path=str(src.path), capture_exceptions=False, capture_sigterm=False)
+    rep.step(0, step_time_s=0.5, data_wait_s=0.125)
+    rep.step(1, step_time_s=0.5)
+    rep.close(exit_code=0)
+    steps = [e for e in _collect(src, 3) if isinstance(e, TrainingStep)]
+    assert [(s.step, s.data_wait_s) for s in steps] == [(0, 0.125), (1, None)]
+    # A step from a reporter that predates the field decodes, without it.
+    old = (
+        b'{"schema":"training_step","version":1,"job":"j","rank":0,"step":5,"ts_ms":1000,"node":"",'
+        b'"loss":null,"grad_norm":null,"step_time_s":0.5,"tokens":null,"tokens_per_s":null,"mfu":null,'
+        b'"dropped":0}'
+    )
+    assert decode(old).data_wait_s is None

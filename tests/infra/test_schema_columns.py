@@ -181,6 +181,7 @@ def test_a_forgotten_side_is_reported() -> None:
     assert _problems(m, ddl) == [
         "training_steps.extra_col (UInt8): no field maps to it",
         "training_steps: mfu -> column 'mfu', which the migrations do not create",
+        "training_steps.data_wait_s (String): data_wait_s may be None but String is not Nullable",
         "training_steps.dropped (String): dropped is an int, String is not an integer type",
         "training_steps.grad_norm (String): grad_norm may be None but String is not Nullable",
         "training_steps.loss (String): loss may be None but String is not Nullable",
@@ -262,6 +263,7 @@ def test_declared_overrides_give_the_expected_rows() -> None:
             "tokens_per_s": 3400.0,
             "mfu": 0.41,
             "dropped": 0,
+            "data_wait_s": None,
         }
     ]
     assert _rows(log)[0]["line_hash"] == line_hash(XID_79) == 0x391927E24B3341B4  # SHA-1's first 8 bytes
