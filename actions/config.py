@@ -65,6 +65,11 @@ class ActionsConfig:
     leader_kubeconfig: str = ""
     #: a leader that could not renew for this long has lost (candidates wait this long).
     leader_lease_s: float = field(default=15.0, metadata=bounds(2, 600))
+    #: Prometheus ``/metrics`` endpoint (:mod:`actions.metrics`) while the service runs; "" or
+    #: port 0: none.  Every interface: Prometheus scrapes it from elsewhere (the metrics carry no
+    #: secret and act on nothing).  9402: beside the exporters' 9401 and the workers' 9400.
+    metrics_host: str = field(default="0.0.0.0", metadata=bounds(max_len=255))
+    metrics_port: int = field(default=9402, metadata=bounds(0, 65535))
 
     # --- safety ------------------------------------------------------------------------------
     #: a decision older than this when it first arrives is dead-lettered, not acted on: after an

@@ -21,6 +21,7 @@ Tables:
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -32,6 +33,8 @@ from typing import Any
 from actions.state import TERMINAL, RecoveryState, check_transition
 from schemas.codec import decode, encode
 from schemas.control import Decision, JobSpec
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS recoveries (
@@ -151,6 +154,8 @@ class ProgressStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: called with (old state, new state) after every committed state change (the metrics).
+        self.on_transition: Callable[[RecoveryState, RecoveryState], None] | None = None
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -280,7 +285,8 @@ class ProgressStore:
             row = c.execute("SELECT state FROM recoveries WHERE decision_id = ?", (decision_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no recovery {decision_id}")
-            check_transition(RecoveryState(row[0]), new)
+            old = RecoveryState(row[0])
+            check_transition(old, new)
             if "context" in fields and fields["context"] is not None:
                 fields["context"] = json.dumps(fields["context"])
             sets = ", ".join(["state = ?", *(f"{k} = ?" for k in fields)])
@@ -288,9 +294,29 @@ class ProgressStore:
                 f"UPDATE recoveries SET {sets} WHERE decision_id = ?",
                 (new.value, *fields.values(), decision_id),
             )
+        self._moved(old, new)
         rec = self.get(decision_id)
         assert rec is not None
         return rec
+
+    def _moved(self, old: RecoveryState, new: RecoveryState) -> None:
+        if self.on_transition is not None:
+            try:
+                self.on_transition(old, new)
+            except Exception as exc:  # counting a move must never undo or fail it
+                log.warning("recovery transition hook failed: %s", exc)
+
+    def open_by_state(self) -> dict[RecoveryState, tuple[int, int]]:
+        """Unfinished recoveries per state: (how many, the oldest one's start, or acceptance if
+        it has not started, in ms)."""
+        terminal = tuple(s.value for s in TERMINAL)
+        marks = ",".join("?" * len(terminal))
+        rows = self._rows(
+            "SELECT state, COUNT(*) AS n, MIN(COALESCE(started_ms, accepted_ms)) AS since FROM recoveries"
+            f" WHERE state NOT IN ({marks}) GROUP BY state",
+            terminal,
+        )
+        return {RecoveryState(r["state"]): (int(r["n"]), int(r["since"])) for r in rows}
 
     def release(self, decision_id: str) -> Recovery:
         """Operator: let a held recovery go past the limit that held it, once.
@@ -314,6 +340,7 @@ class ProgressStore:
                 "UPDATE recoveries SET released = ?, state = ?, held_reason = '' WHERE decision_id = ?",
                 (json.dumps(sorted({*rec.released, rec.held_step})), state.value, decision_id),
             )
+        self._moved(rec.state, state)
         out = self.get(decision_id)
         assert out is not None
         return out

@@ -6,6 +6,7 @@ interrupted by a crash resumes at the step that was in flight (executors are ide
 finished step is never run twice.  Each step emits ``started`` and ``succeeded``/``failed``
 action events with deterministic ids (redelivered events collapse in ClickHouse); a step's
 ``succeeded`` event is re-sent on resume if the crash came between recording and sending it.
+Each attempt's duration and outcome, and each hold, are counted in :mod:`actions.metrics`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from actions import guard
 from actions.config import ActionsConfig
 from actions.errors import PermanentError, TemporaryError
 from actions.executors.base import Executor, StepContext
+from actions.metrics import ActionMetrics
 from actions.plans import STATE_OF, CodeUpdate, Plan, PlanContext, Step, StepKind, build_plan, code_update_of
 from actions.progress import ProgressStore, Recovery
 from actions.standby import machine_names, pool_target, refilled, swapped
@@ -54,8 +56,10 @@ class RecoveryRunner:
         spec_of: Callable[[str], JobSpec | None],
         stop: threading.Event | None = None,
         clock: Callable[[], int] = now_ms,
+        metrics: ActionMetrics | None = None,
     ) -> None:
         self.cfg, self.store, self.executor, self.publisher = cfg, store, executor, publisher
+        self.metrics = metrics or ActionMetrics()
         self.spec_of = spec_of
         self.stop = stop or threading.Event()
         self.clock = clock
@@ -116,7 +120,7 @@ class RecoveryRunner:
             results = self.store.step_results(decision_id)
             plan = build_plan(rec.decision, PlanContext.from_json(rec.context["plan"]), results)
             if plan.hold:
-                return self._hold(rec, plan.hold, "plan")
+                return self._hold(rec, plan.hold, "plan", "plan")
             step = next((s for s in plan.steps if s.key not in results), None)
             if step is None:
                 if not plan.complete:  # a branching step's result is missing: a bug, not a fault
@@ -130,7 +134,7 @@ class RecoveryRunner:
                     self.cfg, self.store, rec.decision_id, rec.job, list(step.machines), self.clock()
                 )
                 if reason:
-                    return self._hold(rec, reason, step.key)
+                    return self._hold(rec, reason, step.key, "blast_radius")
             error = self._run_step(rec, step, results)
             if error:
                 return self._step_failed(rec, step, error)
@@ -173,7 +177,7 @@ class RecoveryRunner:
         if any(s.kind is StepKind.RESTART for s in plan.steps) and plan.steps[0].key not in rec.released:
             reason = guard.restart_hold(self.cfg, self.store, rec.job, now)
             if reason:
-                return self._hold(rec, reason, plan.steps[0].key)
+                return self._hold(rec, reason, plan.steps[0].key, "restart_budget")
         return rec
 
     def _running_when_accepted(self, rec: Recovery, rollback: bool = False) -> str | None:
@@ -268,11 +272,15 @@ class RecoveryRunner:
             f"`trainguard actions release {rec.decision_id}` to run the step again"
             f" (retries {policy.retries}, budget {policy.budget_s:g} s per run of the step)"
         )
-        return self._hold(rec, reason, step.key, level=logging.ERROR)
+        return self._hold(rec, reason, step.key, "step_failed", level=logging.ERROR)
 
-    def _hold(self, rec: Recovery, reason: str, step: str, level: int = logging.WARNING) -> Recovery:
+    def _hold(
+        self, rec: Recovery, reason: str, step: str, guard: str, level: int = logging.WARNING
+    ) -> Recovery:
+        """Hold ``rec`` at ``step`` for an operator; ``guard`` says which (:data:`actions.metrics.GUARDS`)."""
         log.log(level, "recovery %s of job %s held for an operator: %s", rec.decision_id, rec.job, reason)
         rec = self.store.transition(rec.decision_id, RecoveryState.HELD, held_reason=reason, held_step=step)
+        self.metrics.held(guard, step)
         self._emit(rec, step if step != "plan" else "recovery", ActionPhase.HELD, detail=reason)
         return rec
 
@@ -336,6 +344,7 @@ class RecoveryRunner:
                     backoff.next_delay()
             else:
                 took = (time.monotonic() - t0) * 1000
+                self.metrics.step(step.kind.value, "succeeded", took / 1000)
                 self.store.step_done(rec.decision_id, step.key, result, self.clock(), job=rec.job, **side)
                 if self._emit(
                     rec,
@@ -349,6 +358,8 @@ class RecoveryRunner:
                     self.store.mark_announced(rec.decision_id, step.key)
                 return ""
             took = (time.monotonic() - t0) * 1000
+            again = retry and step.kind is not StepKind.REPLENISH
+            self.metrics.step(step.kind.value, "retried" if again else "failed", took / 1000)
             if step.kind is StepKind.REPLENISH:  # the job runs already: a thin pool is not a failed recovery
                 self.store.step_done(rec.decision_id, step.key, {"failed": error}, self.clock(), job=rec.job)
                 self._emit(rec, step.key, ActionPhase.FAILED, attempt=attempt, duration_ms=took, detail=error)

@@ -30,6 +30,8 @@ failed after :data:`MAX_RECOVERY_CRASHES` tries and dead-lettered (``actions:rec
 job's queue moves on.  The world being down is not the record's fault: a broker or a disk away
 (:func:`transient`) is retried with :class:`infra.backoff.Backoff`, the records seeked back to and
 read again, nothing committed past them.
+
+Metrics (:mod:`actions.metrics`) are served on ``metrics_host:metrics_port`` while :meth:`run` runs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any, Protocol
 from actions.config import ActionsConfig
 from actions.executors import ExecutorEnv, create_executor
 from actions.executors.base import Executor
+from actions.metrics import REJECT_REASONS, ActionMetrics
 from actions.plans import CodeUpdate
 from actions.progress import ProgressStore
 from actions.recovery import RecoveryRunner
@@ -65,6 +68,7 @@ from infra.bus import (
     verifier_for,
 )
 from infra.config import Settings
+from infra.metrics_server import MetricsServer, serve_metrics
 from infra.signing import AuthError
 from schemas.base import now_ms
 from schemas.codec import decode, encode
@@ -260,6 +264,10 @@ class ActionService:
         self.settings, self.cfg, self.clock = settings, cfg, clock
         self.dir = state_dir(settings, cfg)
         self.store = ProgressStore(self.dir / "progress.sqlite")
+        self.metrics = ActionMetrics()
+        self.metrics.watch(self.store)
+        self.store.on_transition = self.metrics.transition
+        self._metrics_server: MetricsServer | None = None
         env = ExecutorEnv(state_dir=self.dir / "executor", kafka_bootstrap=settings.kafka.bootstrap_servers)
         self.executor = executor or create_executor(cfg.executor, cfg.executor_options, env)
         self.producer = producer or EventProducer(
@@ -270,7 +278,14 @@ class ActionService:
         self.publisher = KafkaPublisher(self.producer)
         self.stop_event = threading.Event()
         self.runner = RecoveryRunner(
-            cfg, self.store, self.executor, self.publisher, self.store.spec, self.stop_event, clock
+            cfg,
+            self.store,
+            self.executor,
+            self.publisher,
+            self.store.spec,
+            self.stop_event,
+            clock,
+            metrics=self.metrics,
         )
         self._workers: dict[str, threading.Thread] = {}
         # Warm-up (e.g. a torch-preloading diagnostics server) off the main loop, before any recovery.
@@ -319,8 +334,18 @@ class ActionService:
             verifier=self.verifier,
         )
 
+    def serve_metrics(self) -> int | None:
+        """Serve ``/metrics`` (if configured and not yet served); the port, or None."""
+        if self._metrics_server is None:
+            c = self.cfg
+            self._metrics_server = serve_metrics(
+                self.metrics.registry, c.metrics_host, c.metrics_port, "action service"
+            )
+        return self._metrics_server.port if self._metrics_server is not None else None
+
     def run(self, stop: threading.Event | None = None) -> None:
         """Run until ``stop`` (or :meth:`shutdown`) is set."""
+        self.serve_metrics()  # first: a service that cannot reach its broker is seen doing so
         if self._consumer is None:
             self.start_consuming()
         stop = self._stop = stop or self.stop_event
@@ -365,8 +390,12 @@ class ActionService:
         except Exception as exc:  # undecodable records come back as dead letters, not exceptions
             self._world_down("reading decisions", exc)
             return False
-        for dl in batch.dead_letters:  # the consumer published these (stage decode)
+        self.metrics.decisions_received.inc(len(batch.events) + len(batch.dead_letters))
+        for dl in batch.dead_letters:  # the consumer published these (stage decode or auth)
             self.dead_lettered += 1
+            self.metrics.dead_letters.labels(dl.stage).inc()
+            reason = dl.stage if dl.stage in REJECT_REASONS else "invalid"
+            self.metrics.decisions_rejected.labels(reason).inc()
             log.error("decode: dead-lettered %s[%d]@%d: %s", dl.topic, dl.partition, dl.offset, dl.reason)
         pairs = batch.pairs()
         rejected = False
@@ -382,6 +411,9 @@ class ActionService:
                     self._world_down(f"accepting the decision at {_where(rec)}", exc)
                     return False
                 self.reject(rec if rec is not None else _stand_in(ev), "actions:accept", exc)
+                self.metrics.decisions_rejected.labels(
+                    "badly_dated" if isinstance(exc, BadlyDated) else "invalid"
+                ).inc()
                 rejected = True
         if batch.events or batch.dead_letters:
             try:
@@ -398,6 +430,7 @@ class ActionService:
         """Dead-letter a consumed record whose handling failed at ``stage`` (logged once, counted)."""
         dl = poisoned(record, stage, exc, log)
         self.dead_lettered += 1
+        self.metrics.dead_letters.labels(stage).inc()
         try:
             self.producer.send(dl, DEAD_LETTERS)
         except Exception as send_exc:  # logged above with its coordinates; the record is still skipped
@@ -447,11 +480,13 @@ class ActionService:
             check_dated(decision.ts_ms, now, self.cfg, "decision", max_age_s=self.cfg.max_decision_age_s)
         if self.store.accept(decision, now):
             self.accepted += 1
+            self.metrics.decisions_accepted.inc()
             log.info(
                 "accepted decision %s (%s) for job %s", decision.decision_id, decision.action, decision.job
             )
             return True
         self.redelivered += 1
+        self.metrics.decisions_redelivered.inc()
         return False
 
     def force_overdue_updates(self) -> None:
@@ -523,6 +558,7 @@ class ActionService:
             )
             self.stop_event.wait(self.crash_pause_s)
             return False
+        self.metrics.crashes.inc()
         n = self._crashes[decision_id] = self._crashes.get(decision_id, 0) + 1
         if n < MAX_RECOVERY_CRASHES:
             log.warning(
@@ -586,6 +622,9 @@ class ActionService:
         self.stop_event.set()
         for t in self._workers.values():
             t.join(timeout_s)
+        if self._metrics_server is not None:  # before the store closes: a scrape reads it
+            self._metrics_server.close()
+            self._metrics_server = None
         for closer in (self._consumer, self._jobs):
             if closer is not None:
                 try:

@@ -34,7 +34,7 @@ from streams.context import WorkerContext
 from streams.jobs import JobDirectory
 from streams.kafka_compat import faust_broker
 from streams.loop_watch import LoopWatch
-from streams.metrics import SinkMetrics
+from streams.metrics import JobCollector, SinkMetrics
 from streams.state import WorkerState
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
     ctx = WorkerContext(settings=settings, cfg=cfg, app=app)
     jobs = JobDirectory(settings.clickhouse)
     path = DetectionPath(cfg)
+    ctx.metrics.registry.register(JobCollector(path))
     state = WorkerState(ctx, PathState(path)) if cfg.state_enabled else None
     inspection.register(ctx, path, state)
     training.register(ctx, path, state)

@@ -7,17 +7,26 @@ its lag is their input; the sink has a consumer of its own, so its own lag is it
 that keeps retrying a failed insert is waiting for ClickHouse, not stalled (a restart would not
 bring ClickHouse back; ``trainguard_sink_failures_total`` says what is going on); a sink whose
 loop stopped going round (a hung call, a dead thread) with records waiting is stalled.
+
+Per training job (:class:`JobCollector`, read at every scrape from the job monitors this worker
+owns): when its newest step was taken and whether a recovery works on it -- what the "job not
+training" alert needs.  The label is ``training_job``, not ``job``: Prometheus gives every scraped
+series a ``job`` label of its own (the scrape job), which would rename ours to ``exported_job``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from detectors.routing import DetectionPath
 
 #: the sink's name in the per-agent metrics and in /healthz.
 SINK = "sink"
@@ -190,3 +199,42 @@ class SinkMetrics:
 
     def on_lag(self, lag: Mapping[str, int], buffered: int) -> None:
         self.metrics.set_sink_lag(lag, buffered)
+
+
+class JobCollector(Collector):
+    """The training jobs whose monitors this worker holds (those of its steps partitions), read
+    at every scrape.  Finished jobs (every rank exited 0) are left out: they are not "not
+    training".  Scrapes run on the event loop (Faust's web server), where the monitors change."""
+
+    def __init__(self, path: DetectionPath) -> None:
+        self.path = path
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "trainguard_job_last_step_timestamp_seconds",
+                "Unix time of the job's newest training step (any rank), as this worker has read it",
+                labels=["training_job"],
+            ),
+            GaugeMetricFamily(
+                "trainguard_job_recovering",
+                "1 while a recovery works on the job or waits for an operator (the action service's events)",
+                labels=["training_job"],
+            ),
+        )
+
+    def describe(self) -> Iterator[Any]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Any]:
+        last_step, recovering = self._families()
+        now = time.time()
+        silence_s = self.path.config.monitor.stopped.recovery_silence_s
+        for job, monitor in list(self.path.monitors.items()):
+            if monitor.last_step_ts_ms <= 0 or monitor.stopped.finished():
+                continue
+            last_step.add_metric([job], monitor.last_step_ts_ms / 1000)
+            status = self.path.recoveries.get(job)
+            recovering.add_metric([job], 1 if status is not None and status.busy(now, silence_s) else 0)
+        yield from (last_step, recovering)

@@ -223,6 +223,18 @@ class CommandsConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The exporter's Prometheus endpoint, ``/metrics`` (:mod:`streams.exporter.metrics`)."""
+
+    #: address to listen on ("" = no endpoint).  Every interface: Prometheus scrapes each node
+    #: from elsewhere (node_exporter's default too); the metrics carry no secret and act on nothing.
+    host: str = field(default="0.0.0.0", metadata=bounds(max_len=255))
+    #: 0 = no endpoint.  9401: beside the stream workers' 9400 of the Kubernetes manifests (and
+    #: not 9400, DCGM exporter's port on many GPU nodes); the action service takes 9402.
+    port: int = field(default=9401, metadata=bounds(0, 65535))
+
+
+@dataclass(frozen=True)
 class ExporterConfig:
     """Everything one node exporter needs; see the module docstring for sources of values."""
 
@@ -243,6 +255,7 @@ class ExporterConfig:
     flight_recorder: FlightRecorderConfig = field(default_factory=FlightRecorderConfig)
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     commands: CommandsConfig = field(default_factory=CommandsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def node_name(self) -> str:

@@ -28,6 +28,7 @@ from schemas.codec import encode
 from schemas.telemetry import SourceHealth
 from schemas.topics import topic_for
 from streams.exporter.config import DeliveryConfig
+from streams.exporter.metrics import ExporterMetrics
 from streams.exporter.spool import Record, Spool
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,20 @@ MAX_BACKOFF_S = 5.0
 class Delivery:
     """The spool -> Kafka path of one exporter."""
 
-    def __init__(self, kafka: KafkaConfig, spool: Spool, cfg: DeliveryConfig | None = None) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        spool: Spool,
+        cfg: DeliveryConfig | None = None,
+        metrics: ExporterMetrics | None = None,
+    ) -> None:
         self.kafka = kafka
         self.spool = spool
         self.cfg = cfg or DeliveryConfig()
+        self.metrics = metrics or ExporterMetrics()
+        self.metrics.watch_spool(lambda: spool.pending_records, lambda: spool.pending_bytes)
+        spool.on_drop = lambda n: self.metrics.drop("spool_full", n)
+        self.metrics.watch_connection(lambda: self.connected)
         self._producer: EventProducer | None = None
         self._stop = threading.Event()
         self._drain_deadline = float("inf")
@@ -61,6 +72,7 @@ class Delivery:
     def publish(self, event: Event) -> None:
         topic = topic_for(event)
         self.spool.append(Record(topic.name, topic.key_of(event), encode(event)))
+        self.metrics.spooled.inc()
 
     def health(self) -> SourceHealth:
         """Delivery as a pseudo-source in the heartbeat: drops and send errors are its errors."""
@@ -185,6 +197,7 @@ class Delivery:
                 if fut.succeeded():
                     acked.add(i)
                     self.delivered += 1
+                    self.metrics.published.labels(recs[i].topic).inc()
                     self.last_ack_ms = now_ms()
                     last_progress = time.monotonic()
                 else:
@@ -197,6 +210,7 @@ class Delivery:
             if failed is not None or stuck or self._give_up() or len(futures) < len(recs):
                 if failed is not None or stuck:
                     self.send_errors += 1
+                    self.metrics.delivery_errors.inc()
                     self._error(failed if failed is not None else "no acknowledgement: producer stuck")
                     self._reset()
                 self.spool.rewrite(path, [r for i, r in enumerate(recs) if i not in acked])

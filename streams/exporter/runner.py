@@ -6,6 +6,8 @@ the command topic).  Every ``collect()`` is wrapped like node_exporter's ``execu
 exception is logged with the source name and becomes that source's health entry in the next
 heartbeat -- never a crash.  After a round's events are handed to ``publish`` (the spool), the
 source's optional ``commit()`` runs, so positions (kernel log) only move past spooled lines.
+Every round also lands in the exporter's Prometheus metrics (:mod:`streams.exporter.metrics`):
+its outcome, duration and time, and the error of a failed one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from schemas.base import Event, now_ms
 from schemas.telemetry import SourceHealth
 from streams.exporter.config import ExporterConfig
+from streams.exporter.metrics import ExporterMetrics
 from streams.exporter.sources import REGISTRY, Source, SourceContext, enabled_sources
 from streams.exporter.sources.base import section
 
@@ -60,19 +63,24 @@ class Exporter:
         nvml: Any = None,
         once: bool = False,
         extra_health: Iterable[Callable[[], SourceHealth]] = (),
+        metrics: ExporterMetrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.publish = publish
         self.extra_health = list(extra_health)
+        self.metrics = metrics or ExporterMetrics()
         state_dir = None if once else Path(cfg.state_dir)
         if state_dir is not None:
             state_dir.mkdir(parents=True, exist_ok=True)
-        ctx = SourceContext(cfg, state_dir=state_dir, health=self.health, nvml=nvml, once=once)
+        ctx = SourceContext(
+            cfg, state_dir=state_dir, health=self.health, nvml=nvml, once=once, dropped=self.metrics.drop
+        )
         self._lock = threading.Lock()
         self._health: dict[str, _Health] = {}
         self.sources: dict[str, Source] = {}
         for name in enabled_sources(cfg):
             self._health[name] = _Health()
+            self.metrics.source(name, float(section(cfg, name).interval_s))
             try:
                 self.sources[name] = REGISTRY[name].factory(ctx)
             except Exception as exc:  # a source that cannot even be built is reported, like a failing one
@@ -90,6 +98,7 @@ class Exporter:
             h.ok, h.duration_ms = False, duration_ms
             h.error_count += 1
             h.last_error = f"{type(exc).__name__}: {exc}"
+        self.metrics.failed(name, duration_ms / 1000, exc)
 
     def health(self) -> list[SourceHealth]:
         with self._lock:
@@ -129,6 +138,7 @@ class Exporter:
             h = self._health[name]
             h.ok, h.last_success_ms, h.duration_ms, h.last_error = True, now_ms(), duration, ""
             h.rounds += 1
+        self.metrics.collected(name, duration / 1000)
         return events
 
     def run_once(self) -> list[Event]:
@@ -145,6 +155,7 @@ class Exporter:
         if not MIN_INTERVAL_S <= seconds <= 86_400:
             raise ValueError(f"interval {seconds!r} s outside [{MIN_INTERVAL_S}, 86400]")
         self.intervals[name] = float(seconds)
+        self.metrics.interval.labels(name).set(seconds)
         self._wake[name].set()  # re-plan now rather than after the old (maybe long) interval
         log.info("source %s interval set to %.3f s", name, seconds)
 

@@ -2,7 +2,8 @@
 Flight Recorder dumps.
 
 ``ExporterService(cfg, kafka).start()`` is what ``trainguard exporter`` runs; tests and benches
-run it in-process.  The spool lives in ``<state_dir>/spool``.
+run it in-process.  The spool lives in ``<state_dir>/spool``.  Its Prometheus metrics
+(:mod:`streams.exporter.metrics`) are served on ``metrics.host:metrics.port`` while it runs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import KafkaConfig
+from infra.metrics_server import MetricsServer, serve_metrics
 from infra.proctable import ProcTable
 from infra.signing import Verifier
 from schemas.base import now_ms
@@ -30,6 +32,7 @@ from streams.exporter.commands import (
 from streams.exporter.config import ExporterConfig
 from streams.exporter.delivery import Delivery
 from streams.exporter.flight_recorder import FlightRecorderCollector
+from streams.exporter.metrics import ExporterMetrics
 from streams.exporter.runner import Exporter
 from streams.exporter.sources.process import TrackedProcess, discover
 from streams.exporter.spool import Spool
@@ -48,7 +51,9 @@ class ExporterService:
         self.spool = Spool(
             state / "spool", d.spool_max_bytes, d.spool_segment_bytes, d.spool_fsync_interval_s
         )
-        self.delivery = Delivery(kafka, self.spool, cfg.delivery)
+        self.metrics = ExporterMetrics()
+        self._metrics_server: MetricsServer | None = None
+        self.delivery = Delivery(kafka, self.spool, cfg.delivery, self.metrics)
         self.stacks = StackCapturer(cfg.stacks, cfg.node_name, cfg.job, self._discover, self.delivery.publish)
         self.fr = (
             FlightRecorderCollector(
@@ -72,7 +77,9 @@ class ExporterService:
             hooks.append(self.fr.health)
         if self.commands is not None:
             hooks.append(self.commands.health)
-        self.exporter = Exporter(cfg, self.delivery.publish, nvml=nvml, extra_health=hooks)
+        self.exporter = Exporter(
+            cfg, self.delivery.publish, nvml=nvml, extra_health=hooks, metrics=self.metrics
+        )
 
     def _discover(self) -> list[TrackedProcess]:
         """The job's training process trees on this node now (stack and Flight Recorder captures)."""
@@ -100,7 +107,16 @@ class ExporterService:
         else:
             raise ValueError(f"command kind {cmd.kind.value!r} is not for exporters")
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The port ``/metrics`` is served on (None: not served)."""
+        return self._metrics_server.port if self._metrics_server is not None else None
+
     def start(self) -> None:
+        m = self.cfg.metrics
+        self._metrics_server = serve_metrics(
+            self.metrics.registry, m.host, m.port, f"exporter {self.cfg.node_name}"
+        )
         self.delivery.start()
         if self.fr is not None:
             self.fr.start()
@@ -117,6 +133,9 @@ class ExporterService:
         if self.commands is not None:
             self.commands.stop()
         self.delivery.stop(drain_timeout_s)
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+            self._metrics_server = None
 
     def run_forever(self) -> None:
         """Until SIGTERM/SIGINT (main thread only)."""

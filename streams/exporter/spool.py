@@ -27,6 +27,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -110,6 +111,8 @@ class Spool:
         self._new_entry = False  # the open segment's directory entry is not yet fsynced
         self._busy: Path | None = None  # being delivered: never dropped under the bound
         self.dropped_records = 0
+        #: called with the record count of every segment dropped under the bound (the metrics).
+        self.on_drop: Callable[[int], None] | None = None
         self.appended = 0
         for tmp in self.dir.glob("*.tmp"):  # a rewrite cut short by a crash: the .seg is intact
             tmp.unlink(missing_ok=True)
@@ -211,6 +214,8 @@ class Spool:
                 return  # only the active/busy segment is left: it may exceed the bound briefly
             _size, records = self._sealed.pop(victim)
             self.dropped_records += records
+            if self.on_drop is not None:
+                self.on_drop(records)
             log.warning(
                 "spool full (%d bytes): dropped %d oldest records (%s)", self.max_bytes, records, victim.name
             )
@@ -275,6 +280,12 @@ class Spool:
     def pending_records(self) -> int:
         with self._lock:
             return self._active_records + sum(r for _, r in self._sealed.values())
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the segments on disk (the open one included)."""
+        with self._lock:
+            return self.total_bytes_locked()
 
     def close(self) -> None:
         """Seal (and so fsync) the open segment and stop the interval fsync thread."""

@@ -22,7 +22,8 @@ def root(tmp_path: Path) -> Path:
 
 
 def make_cfg(root: Path, state: Path, **sections: Any) -> ExporterConfig:
-    """A config reading ``root``; nvml off unless asked (no GPU here), short socket path."""
+    """A config reading ``root``; nvml off unless asked (no GPU here), short socket path, no
+    /metrics endpoint unless asked."""
     data: dict[str, Any] = {
         "node": "node-t",
         "job": "job-t",
@@ -32,6 +33,9 @@ def make_cfg(root: Path, state: Path, **sections: Any) -> ExporterConfig:
         "kernel_log": {"path": str(root / "var/log/kern.log")},
         "reporter": {"socket": str(state / "r.sock")},
         "process": {"cmd_pattern": "train.py"},
+        # No /metrics server unless a test asks for one: the default port (9401, every interface)
+        # is the host's, not a test's to take.
+        "metrics": {"port": 0},
     }
     for name, value in sections.items():
         data[name] = {**data.get(name, {}), **value} if isinstance(value, dict) else value

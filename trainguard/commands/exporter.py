@@ -41,6 +41,7 @@ def _overrides(
     disable: tuple[str, ...],
     intervals: tuple[str, ...],
     expect_gpus: int | None,
+    metrics_port: int | None,
 ) -> dict[str, Any]:
     """Command-line flags as a config mapping (they win over the file and the environment)."""
     data: dict[str, Any] = {}
@@ -60,6 +61,8 @@ def _overrides(
         sections.setdefault("process", {})["cmd_pattern"] = cmd_pattern
     if expect_gpus is not None:
         sections.setdefault("nvml", {})["expect_gpus"] = expect_gpus
+    if metrics_port is not None:
+        sections.setdefault("metrics", {})["port"] = metrics_port
     for name in disable:
         sections.setdefault(name, {})["enabled"] = False
     for spec in intervals:
@@ -99,6 +102,11 @@ def exporter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--interval", "intervals", multiple=True, metavar="SOURCE=SECONDS", help="Override an interval."
         ),
         click.option("--expect-gpus", type=click.IntRange(0, 1024), help="GPUs this node should have."),
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(0, 65535),
+            help="Port of the Prometheus /metrics endpoint (0: none; default 9401, metrics.port).",
+        ),
         click.option("--once", is_flag=True, help="Run one round of every enabled source and exit."),
         click.option(
             "--print", "print_", is_flag=True, help="With --once: print events as JSON lines, no Kafka."

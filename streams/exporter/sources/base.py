@@ -33,6 +33,10 @@ class Source(Protocol):
         ...
 
 
+def _uncounted(reason: str, n: int) -> None:
+    """A context built outside the runner (a test building a source) counts its drops nowhere."""
+
+
 @dataclass
 class SourceContext:
     """What a source factory gets: the config, the node's identity and the runner's hooks."""
@@ -46,6 +50,8 @@ class SourceContext:
     nvml: Any = None
     #: True for ``--once``: sources must not persist positions.
     once: bool = False
+    #: ``dropped(reason, n)``: a source lost ``n`` records it took in (the exporter's metrics).
+    dropped: Callable[[str, int], None] = _uncounted
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

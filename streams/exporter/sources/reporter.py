@@ -172,6 +172,7 @@ class ReporterSource:
             self.rejected += 1
             self.rejected_by[reason] += 1
             n = self.rejected_by[reason]
+        self.ctx.dropped(f"reporter_{reason}", 1)
         if _loud(n):
             who = f"pid {peer.pid} uid {peer.uid}" if peer is not None else "unknown sender"
             log.warning("reporter: refused from %s (%s: %d so far): %s", who, reason, n, detail)
@@ -207,6 +208,7 @@ class ReporterSource:
                     continue
                 if len(self._queue) >= self.cfg.max_per_round:
                     self.overflow += 1
+                    self.ctx.dropped("reporter_queue_full", 1)
                 else:
                     self._queue.append((part, peer))
 
