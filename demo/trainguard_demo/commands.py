@@ -144,6 +144,10 @@ def demo_exporter(ctx: click.Context, exporter_config: str | None, simulate_gpus
     """The node exporter of a demo machine: the product's exporter with N simulated GPUs."""
     from trainguard_demo.nvml_sim import SimulatedNvml
 
+    if flags.get("metrics_port") is None:
+        # A demo "machine" shares the host with the others: no /metrics port unless asked for
+        # (every exporter after the first would find 9401 taken).
+        flags["metrics_port"] = 0
     run_exporter(ctx, exporter_config, flags, nvml=SimulatedNvml(simulate_gpus))
 
 
