@@ -20,13 +20,14 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from detectors.routing import DetectionPath
+if TYPE_CHECKING:  # the sink process imports these metrics: not the whole detection path
+    from detectors.routing import DetectionPath
 
 #: the sink's name in the per-agent metrics and in /healthz.
 SINK = "sink"

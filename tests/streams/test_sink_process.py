@@ -67,6 +67,10 @@ class SinkProcess:
                 raise RuntimeError(
                     f"sink exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
                 )
+            # Up first (its signal handlers set): another test's worker may store the probe too.
+            if "sink up" not in self.log.read_text():
+                time.sleep(0.2)
+                return False
             node = unique("sink-probe")
             send(
                 self.settings, LogLine(node=node, ts_ms=now_ms(), source="kernel", line="probe", job="probe")
