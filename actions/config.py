@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from detectors.placement.config import PlacementConfig
 from schemas.typecheck import bounds
 
 
@@ -101,6 +102,9 @@ class ActionsConfig:
     standby_quantile: float = field(default=0.99, metadata=bounds(0.5, 0.999999))
     #: pool size floor over the binomial rule (which gives 0 or 1 for small jobs).
     min_standbys: int = field(default=0, metadata=bounds(0, 10_000))
+    #: which standby takes which evicted machine's place, and where new standbys go
+    #: (:mod:`detectors.placement`: Arnold's pod-spread objective; machine positions).
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     # --- code updates (§6.1) --------------------------------------------------------------------
     #: a non-urgent update waits for the next recovery, but at most this long.

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from actions import guard
+from actions import guard, placement
 from actions.config import ActionsConfig
 from actions.errors import PermanentError, TemporaryError
 from actions.executors.base import Executor, StepContext
@@ -408,7 +408,7 @@ class RecoveryRunner:
             need = pool_target(self.cfg, spec.topology.num_machines) - len(spec.standbys)
             if need <= 0:
                 return {"provisioned": []}, {}
-            new = ex.provision_standbys(rec.job, need, ctx)
+            new = placement.provision(self.cfg.placement, ex, spec, need, ctx)
             out = refilled(spec, new, self.clock())
             self._publish_spec(out)
             return {"provisioned": new, "spec": to_plain(out)}, {}
@@ -424,16 +424,28 @@ class RecoveryRunner:
     def _swap(self, rec: Recovery, spec: JobSpec, machines: list[str], ctx: StepContext) -> dict[str, Any]:
         evicted = self.store.evicted_machines(rec.job)
         pool = [s for s in spec.standbys if s not in evicted]
-        chosen = _ready_first(self.executor, spec, pool)[: len(machines)]
+        ordered, ready = _ready_first(self.executor, spec, pool)
         new: list[str] = []
-        if len(chosen) < len(machines):  # §6.2: not enough warm standbys -> provision only the shortfall
-            new = self.executor.provision_standbys(rec.job, len(machines) - len(chosen), ctx)
+        if len(ordered) < len(machines):  # §6.2: not enough warm standbys -> provision only the shortfall
+            short = len(machines) - len(ordered)
+            new = placement.provision(self.cfg.placement, self.executor, spec, short, ctx, machines, ordered)
             spec = refilled(spec, new, spec.ts_ms)
-            chosen += new
+        # Which standby takes which place: the fewest pods per DP/PP group (ready ones first).
+        prefer = None if ready is None else ready | set(new)
+        pick = placement.pick_standbys(
+            self.cfg.placement, self.executor, spec, machines, [*ordered, *new], prefer
+        )
+        chosen = pick.chosen
         self.executor.activate_standbys(spec, chosen, machines, ctx)
-        out = swapped(spec, machines, chosen, self.clock())
+        out = placement.with_positions(swapped(spec, machines, chosen, self.clock()), pick.positions)
         self._publish_spec(out)
-        return {"spec": to_plain(out), "activated": chosen, "replaced": machines, "provisioned": new}
+        return {
+            "spec": to_plain(out),
+            "activated": chosen,
+            "replaced": machines,
+            "provisioned": new,
+            "placement": pick.result(self.cfg.placement.alpha, self.cfg.placement.beta),
+        }
 
     def _publish_spec(self, spec: JobSpec) -> None:
         try:
@@ -443,20 +455,20 @@ class RecoveryRunner:
         self.store.save_spec(spec)
 
 
-def _ready_first(executor: Executor, spec: JobSpec, pool: list[str]) -> list[str]:
-    """``pool`` with the standbys the executor says are ready now first (pool order otherwise):
-    a standby still starting (a replacement provisioned after the last eviction) is taken only
-    when the ready ones are too few -- taking it first made the swap wait seconds for it while
-    a ready one sat idle."""
+def _ready_first(executor: Executor, spec: JobSpec, pool: list[str]) -> tuple[list[str], set[str] | None]:
+    """``pool`` with the standbys the executor says are ready now first (pool order otherwise),
+    and those ready ones (None: the executor cannot tell): a standby still starting (a
+    replacement provisioned after the last eviction) is taken only when the ready ones are too
+    few -- taking it first made the swap wait seconds for it while a ready one sat idle."""
     probe = getattr(executor, "ready_standbys", None)
     if probe is None or not pool:
-        return pool
+        return pool, None
     try:
         ready = set(probe(spec, pool))
     except Exception as exc:  # a failed probe costs the preference, not the swap
         log.warning("executor %s could not tell which standbys are ready: %s", executor.name, exc)
-        return pool
-    return [s for s in pool if s in ready] + [s for s in pool if s not in ready]
+        return pool, None
+    return [s for s in pool if s in ready] + [s for s in pool if s not in ready], ready
 
 
 def _join(*parts: str) -> str:
@@ -467,7 +479,9 @@ def _describe(step: Step, result: dict[str, Any]) -> str:
     if step.kind is StepKind.DIAGNOSE:
         return f"failed: {result['failed']}" if result["failed"] else "all tests passed"
     if step.kind is StepKind.SWAP_STANDBYS:
-        return f"{result['replaced']} -> {result['activated']}"
+        return _join(
+            f"{result['replaced']} -> {result['activated']}", placement.describe(result.get("placement"))
+        )
     if step.kind in (StepKind.HOT_UPDATE, StepKind.QUEUE_UPDATE):
         return f"{step.note or 'update'}: {step.version}"
     if step.kind in (StepKind.REPLAY_HORIZONTAL, StepKind.REPLAY_VERTICAL):

@@ -16,6 +16,7 @@ from typing import Any
 from schemas.base import Event, register
 from schemas.enums import Action, Severity
 from schemas.limits import ID, JSON, NAME, NAMES, RANKS, TEXT, TS_MS
+from schemas.network import MachinePosition
 from schemas.topology import JobTopology
 from schemas.typecheck import bounds
 
@@ -159,12 +160,20 @@ class JobSpec(Event):
 
     Published when a job starts and whenever its machines change (eviction, standby swap); the
     latest spec per job is the truth (``ts_ms`` orders them).
+
+    Version 2 added ``positions`` (each machine's pod and rack, for topology-aware swaps); a
+    version 1 spec reads as one whose positions are not known.
     """
 
     TYPE = "job_spec"
+    VERSION = 2
+    UPGRADES = {1: dict}  # v1 -> v2: the fields are the same, ``positions`` takes its default
     job: str = field(metadata=NAME)
     ts_ms: int = field(metadata=TS_MS)
     topology: JobTopology
     standbys: list[str] = field(default_factory=list, metadata=NAMES)
     #: stall threshold etc. overrides for this job (detector config keys -> values).
     overrides: dict[str, Any] = field(default_factory=dict, metadata=JSON)
+    #: machine name -> its network position, for the job's machines and its standbys (may hold
+    #: more machines, or fewer: a machine without one is placed as if alone in its pod).
+    positions: dict[str, MachinePosition] = field(default_factory=dict, metadata=NAMES)

@@ -93,7 +93,10 @@ class Executor(Protocol):
     ``op_id`` (e.g. the commands it ran), added to that step's action event; and
     ``ready_standbys(spec, standbys) -> list[str]``, which of the pool's ``standbys`` could take
     a place right now (a swap takes those first, and waits only for what the ready ones
-    cannot cover)."""
+    cannot cover); for topology-aware swaps (:mod:`actions.placement`),
+    ``machine_positions(names) -> {name: MachinePosition}`` (where machines sit in the network),
+    ``free_machines(job) -> list[str]`` and ``provision_standbys_on(job, machines, ctx)`` (start
+    standbys on the machines the planner picked)."""
 
     name: str
     #: the stop-time tests :meth:`run_diagnostics` can run (``actions.diagnostics`` picks from these).

@@ -21,6 +21,7 @@ from actions.errors import PermanentError, TemporaryError
 from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
 from schemas.base import now_ms
 from schemas.control import JobSpec
+from schemas.network import MachinePosition
 from schemas.typecheck import bounds
 
 
@@ -46,6 +47,11 @@ class DryRunConfig:
     standby_prefix: str = "standby"
     #: simulated time a new standby needs for its self-check before it is ready.
     provision_s: float = field(default=0.0, metadata=bounds(0, 3600))
+    #: simulated free machines new standbys start on (in this order); empty: invented names
+    #: ``<standby_prefix>-<n>``.
+    free_nodes: list[str] = field(default_factory=list)
+    #: simulated machine positions (what ``machine_positions`` reports, as node labels would).
+    positions: dict[str, MachinePosition] = field(default_factory=dict)
 
 
 class DryRunExecutor:
@@ -62,11 +68,13 @@ class DryRunExecutor:
         self._failures_left = dict(cfg.transient_errors)
         self.evicted: set[str] = set()
         self.provisioned = 0
+        self.taken: set[str] = set()  # free_nodes already holding a standby
         for rec in self.records():
             if rec["call"] == "evict":
                 self.evicted.update(rec["args"]["machines"])
             elif rec["call"] == "provision_standbys":
                 self.provisioned += len(rec["result"])
+                self.taken.update(rec["result"])
 
     def records(self) -> list[dict[str, Any]]:
         """Every call recorded so far (also by earlier processes)."""
@@ -109,14 +117,32 @@ class DryRunExecutor:
         self.evicted.update(machines)
 
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
+        return self._provision(job, count, ctx, [])
+
+    def provision_standbys_on(self, job: str, machines: list[str], ctx: StepContext) -> list[str]:
+        """Standbys on the named free machines (others in ``free_nodes`` order for any taken)."""
+        return self._provision(job, len(machines), ctx, machines)
+
+    def free_machines(self, job: str) -> list[str]:
+        return [n for n in self.cfg.free_nodes if n not in self.taken and n not in self.evicted]
+
+    def machine_positions(self, names: list[str]) -> dict[str, MachinePosition]:
+        return {n: self.cfg.positions[n] for n in names if n in self.cfg.positions}
+
+    def _provision(self, job: str, count: int, ctx: StepContext, prefer: list[str]) -> list[str]:
         for rec in self.records():  # a re-run step (after a crash) gets the standbys it already made
             if rec["call"] == "provision_standbys" and rec["op_id"] == ctx.op_id:
                 return list(rec["result"])
-        names = [f"{self.cfg.standby_prefix}-{self.provisioned + i}" for i in range(count)]
+        if self.cfg.free_nodes:
+            free = self.free_machines(job)
+            names = ([n for n in prefer if n in free] + [n for n in free if n not in prefer])[:count]
+        else:
+            names = [f"{self.cfg.standby_prefix}-{self.provisioned + i}" for i in range(count)]
         if self.cfg.provision_s:
             time.sleep(min(self.cfg.provision_s, ctx.remaining()))
-        self._call("provision_standbys", job, ctx, {"count": count}, names)
-        self.provisioned += count
+        self._call("provision_standbys", job, ctx, {"count": count, "prefer": prefer}, names)
+        self.provisioned += len(names)
+        self.taken.update(names)
         return names
 
     def activate_standbys(

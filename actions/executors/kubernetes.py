@@ -23,6 +23,9 @@ training pod if still there.
   check's message: the node goes to repair, not to a job) and another free node is tried;
   ``activate_standbys`` checks each standby's node and removes its standby pod, so the training
   pod ``restart`` creates takes the node at once;
+* ``machine_positions`` reads a node's pod and rack from its labels (``topology_pod_labels``,
+  ``topology_rack_labels``); ``free_machines`` / ``provision_standbys_on`` let the action service
+  choose the standbys' nodes (:mod:`actions.placement`);
 * ``restart`` creates the job's pods on the spec's machines (fresh names per restart) and waits
   until each is Running;
 * ``hot_update`` writes the version into the job's ConfigMap (``<job>-code``, key ``version``):
@@ -63,7 +66,9 @@ from typing import Any, TypeVar
 
 from actions.errors import PermanentError, TemporaryError
 from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from actions.positions import POD_LABELS, RACK_LABELS, positions_from_node_labels
 from schemas.control import JobSpec
+from schemas.network import MachinePosition
 from schemas.typecheck import bounds
 
 log = logging.getLogger(__name__)
@@ -135,6 +140,10 @@ class KubernetesExecutorConfig:
     poll_s: float = field(default=0.2, metadata=bounds(0.01, 60))
     #: API calls kept per op id for ``detail``.
     history: int = field(default=200, metadata=bounds(1, 100_000))
+    #: node labels naming a node's pod (spine group) and rack (leaf switch), the first one set
+    #: wins; read for the action service's topology-aware swaps (:mod:`actions.placement`).
+    topology_pod_labels: list[str] = field(default_factory=lambda: list(POD_LABELS))
+    topology_rack_labels: list[str] = field(default_factory=lambda: list(RACK_LABELS))
 
 
 def _dns(text: str, limit: int = 63) -> str:
@@ -335,7 +344,26 @@ class KubernetesExecutor:
             body,
         )
 
+    def machine_positions(self, names: list[str]) -> dict[str, MachinePosition]:
+        """Pod and rack of the nodes ``names`` from their labels (``topology_*_labels``)."""
+        wanted = set(names)
+        labels = {n.metadata.name: n.metadata.labels or {} for n in self.nodes() if n.metadata.name in wanted}
+        return positions_from_node_labels(labels, self.cfg.topology_pod_labels, self.cfg.topology_rack_labels)
+
+    def free_machines(self, job: str) -> list[str]:
+        """Nodes a new standby of ``job`` could start on now."""
+        return [n for n in self._free_nodes(None) if n not in self._known(job)]
+
+    def provision_standbys_on(self, job: str, machines: list[str], ctx: StepContext) -> list[str]:
+        """Standbys on ``machines`` (those still free; other free nodes make up for the rest)."""
+        return self._provision(job, len(machines), ctx, prefer=machines)
+
     def provision_standbys(self, job: str, count: int, ctx: StepContext) -> list[str]:
+        return self._provision(job, count, ctx)
+
+    def _provision(
+        self, job: str, count: int, ctx: StepContext, prefer: list[str] | None = None
+    ) -> list[str]:
         mine = [
             p for p in self.pods(job, STANDBY, ctx) if (p.metadata.labels or {}).get(OP_LABEL) == ctx.op_id
         ]
@@ -343,6 +371,8 @@ class KubernetesExecutor:
         need = count - len(got)
         if need > 0:
             free = [n for n in self._free_nodes(ctx) if n not in self._known(job)]
+            if prefer:
+                free = [n for n in prefer if n in free] + [n for n in free if n not in prefer]
             if not free:
                 if not got:
                     raise PermanentError(
@@ -572,7 +602,7 @@ class KubernetesExecutor:
                 self._api = None
 
     # -- helpers -------------------------------------------------------------------------------
-    def _free_nodes(self, ctx: StepContext) -> list[str]:
+    def _free_nodes(self, ctx: StepContext | None) -> list[str]:
         """Ready, schedulable, untainted nodes matching the selector with no TrainGuard job's pod."""
         busy_pods = self._call(
             "list pods of TrainGuard jobs",

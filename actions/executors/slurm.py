@@ -19,6 +19,8 @@ Recovery therefore never waits in the queue:
 * ``run_diagnostics`` / ``run_replay`` run the configured commands as steps on the named nodes;
 * ``hot_update`` switches the code version (``hot_update_command``, then ``version_file``); the
   plan's next step restarts the job, whose ranks get it as ``TRAINGUARD_CODE_VERSION``.
+* ``machine_positions`` reads each node's leaf switch and spine from ``topology.conf``, for the
+  action service's topology-aware choice of standbys (:mod:`actions.placement`).
 
 The training step's ``srun`` runs on the action service's host (its own session, output in
 ``<state dir>/slurm/<job>/step-<n>.log``), so that host must be a Slurm submit host; the step
@@ -65,7 +67,10 @@ from typing import Any
 
 from actions.errors import PermanentError, TemporaryError
 from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from actions.executors.hostlist import expand_hostlist
+from actions.positions import parse_topology_conf
 from schemas.control import JobSpec
+from schemas.network import MachinePosition
 from schemas.typecheck import bounds
 
 log = logging.getLogger(__name__)
@@ -143,6 +148,11 @@ class SlurmExecutorConfig:
     provision_timeout_s: float = field(default=60.0, metadata=_SECONDS)
     #: commands kept in memory (:attr:`SlurmExecutor.commands`).
     history: int = field(default=50, metadata=bounds(1, 10_000))
+    #: the cluster's topology.conf (``topology/tree``), where machine positions are read for
+    #: topology-aware swaps; empty: ``topology.conf`` beside the slurm.conf, when there is one.
+    topology_conf: str = ""
+    #: a machine's pod is its leaf switch's ancestor this many levels up (1: the spine).
+    topology_pod_level: int = field(default=1, metadata=bounds(0, 16))
 
 
 @dataclass(frozen=True)
@@ -207,41 +217,6 @@ def parse_record(line: str) -> dict[str, str]:
     return out
 
 
-def expand_hostlist(expr: str) -> list[str]:
-    """Slurm's compressed host list (``n[1-3,7],gpu[08-09]``) as names, in order.
-
-    >>> expand_hostlist("n[1-3,7],gpu[08-09],login")
-    ['n1', 'n2', 'n3', 'n7', 'gpu08', 'gpu09', 'login']
-    >>> expand_hostlist("r[1-2]-n[1-2]"), expand_hostlist("(null)"), expand_hostlist("")
-    (['r1-n1', 'r1-n2', 'r2-n1', 'r2-n2'], [], [])
-    """
-    expr = expr.strip()
-    if expr in ("", "(null)", "None"):
-        return []
-    items, depth, cur = [], 0, ""
-    for ch in expr:  # split on commas outside brackets
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-            continue
-        depth += (ch == "[") - (ch == "]")
-        cur += ch
-    items.append(cur)
-    out: list[str] = []
-    for item in filter(None, items):
-        m = re.search(r"\[([^\]]*)\]", item)
-        if m is None:
-            out.append(item)
-            continue
-        head, tail = item[: m.start()], item[m.end() :]
-        for rng in m.group(1).split(","):
-            lo, _, hi = rng.partition("-")
-            width = len(lo)
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.extend(expand_hostlist(f"{head}{i:0{width}d}{tail}"))
-    return out
-
-
 def node_flags(state: str) -> set[str]:
     """``MIXED+DRAIN`` / ``IDLE*`` -> {MIXED, DRAIN} / {IDLE, NOT_RESPONDING}."""
     flags = set()
@@ -273,6 +248,23 @@ class SlurmExecutor:
         }
         conf = cfg.slurm_conf or os.environ.get("SLURM_CONF", "")
         self.env = {**base, "SLURM_CONF": conf} if conf else base
+
+    # -- topology ---------------------------------------------------------------------------
+    def topology_conf(self) -> Path | None:
+        """The topology.conf read for positions (``topology_conf``, else beside slurm.conf)."""
+        if self.cfg.topology_conf:
+            return Path(self.cfg.topology_conf)
+        conf = self.env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+        beside = Path(conf).parent / "topology.conf"
+        return beside if beside.is_file() else None
+
+    def machine_positions(self, names: list[str]) -> dict[str, MachinePosition]:
+        """Pod and rack of ``names`` from topology.conf (none without one)."""
+        path = self.topology_conf()
+        if path is None:
+            return {}
+        found = parse_topology_conf(path.read_text(encoding="utf-8"), self.cfg.topology_pod_level)
+        return {n: found[n] for n in names if n in found}
 
     # -- commands ---------------------------------------------------------------------------
     def _record(self, rec: CommandRecord) -> None:

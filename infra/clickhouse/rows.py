@@ -377,8 +377,8 @@ SPECS: tuple[TableSpec, ...] = (
         "job_specs",
         JobSpec,
         rename={"topology.order": "rank_order"},
-        # topology.job repeats job; overrides are read from spec_json (the whole spec).
-        skip=("topology.job", "overrides"),
+        # topology.job repeats job; overrides and positions are read from spec_json (the whole spec).
+        skip=("topology.job", "overrides", "positions"),
         overrides=(Json("spec_json"),),
     ),
 )
