@@ -4,7 +4,6 @@ namespace (no live worker reads it)."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -14,9 +13,8 @@ from click.testing import CliRunner
 from infra.config import Settings
 from infra.progress import ENV, INTERVAL_ENV
 from infra.replay import read_recording
-from schemas.codec import encode
 from schemas.topics import STEPS
-from schemas.workload import TrainingStep
+from tests.infra.test_replay_shadow import _steps_recording
 from tests.streams.harness import unique
 from trainguard.cli import main
 
@@ -32,28 +30,8 @@ def _progress_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(INTERVAL_ENV, raising=False)
 
 
-def _recording(tmp_path: Path, job: str, n: int = 5) -> Path:
-    path = tmp_path / "steps.jsonl"
-    steps = [
-        TrainingStep(ts_ms=1_000 + i, job=job, rank=0, step=i, loss=1.0, step_time_s=1.0) for i in range(n)
-    ]
-    path.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "topic": STEPS.name,
-                    "partition": 0,
-                    "offset": i,
-                    "ts_ms": s.ts_ms,
-                    "key": job,
-                    "value": encode(s).decode(),
-                }
-            )
-            + "\n"
-            for i, s in enumerate(steps)
-        )
-    )
-    return path
+def _recording(tmp_path: Path, job: str) -> Path:
+    return _steps_recording(tmp_path, job)[1]  # five steps, the replay tests' recording
 
 
 def test_replay_shows_progress_on_stderr_only(stack_settings: Settings, tmp_path: Path) -> None:
