@@ -72,8 +72,8 @@ def sliding_ettr_of(curve: list[dict[str, Any]], window_ms: int = HOUR_MS) -> li
     """:func:`sliding_ettr` over rows of ``training_curve`` already read."""
     if not curve:
         return []
-    start = min(int(r["ts_ms"]) - _productive_s(r) * 1000 for r in curve)
-    survivors = [(int(r["ts_ms"]), _productive_s(r)) for r in curve if r["survived"]]
+    start = min(int(r["ts_ms"]) - productive_s(r) * 1000 for r in curve)
+    survivors = [(int(r["ts_ms"]), productive_s(r)) for r in curve if r["survived"]]
     out = []
     lo_i = 0
     acc = 0.0  # productive ms of survivors[lo_i:hi] (a window slides: O(n), not O(n^2))
@@ -94,7 +94,8 @@ def sliding_ettr_of(curve: list[dict[str, Any]], window_ms: int = HOUR_MS) -> li
     return out
 
 
-def _productive_s(row: dict[str, Any]) -> float:
+def productive_s(row: dict[str, Any]) -> float:
+    """A ``training_curve`` row's productive seconds: its step time, 0 with a non-finite loss."""
     loss, took = row["loss"], row["step_time_s"]
     if took is None or (loss is not None and not math.isfinite(float(loss))):
         return 0.0

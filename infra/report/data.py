@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.clickhouse import named
-from infra.clickhouse.postmortem import HOUR_MS, sliding_ettr_of
+from infra.clickhouse.postmortem import HOUR_MS, productive_s, sliding_ettr_of
 from infra.clickhouse.store import ClickHouseStore
 
 #: decisions that start no recovery: listed with the decisions, not drawn as incidents.
@@ -53,13 +53,6 @@ class ReportData:
         return bool(self.job.curve or self.decisions)
 
 
-def _productive_ms(row: dict[str, Any]) -> float:
-    loss, took = row["loss"], row["step_time_s"]
-    if took is None or (loss is not None and loss != loss) or loss in (float("inf"), float("-inf")):
-        return 0.0
-    return float(took) * 1000
-
-
 def cumulative_ettr(curve: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(step end, productive time of the surviving steps so far / time since the first step began).
 
@@ -70,12 +63,12 @@ def cumulative_ettr(curve: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """
     if not curve:
         return []
-    start = min(int(r["ts_ms"]) - _productive_ms(r) for r in curve)
+    start = min(int(r["ts_ms"]) - productive_s(r) * 1000 for r in curve)
     out, acc = [], 0.0
     for r in curve:
         if not r["survived"]:
             continue
-        acc += _productive_ms(r)
+        acc += productive_s(r) * 1000
         span = int(r["ts_ms"]) - start
         out.append((int(r["ts_ms"]), acc / span if span > 0 else 0.0))
     return out
