@@ -141,6 +141,7 @@ class ResumableSampler:
 class SeededSamples:
     """A map-style dataset whose item ``i`` is drawn with ``random``, ``torch`` and (if imported)
     ``numpy`` seeded from (``epoch_seed``, ``i``): reproducible wherever and whenever it is read.
+    Item ``(s, i)`` is item ``i`` drawn with ``epoch_seed`` ``s``.
 
     :class:`DataPosition` sets ``epoch_seed`` before each epoch's workers start (they get a copy
     of the dataset then).  Seeding costs a few microseconds per item (without workers, saving
@@ -153,8 +154,11 @@ class SeededSamples:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> Any:
-        seed = mix(self.epoch_seed, index)
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
+        # A key may carry its epoch's seed, ``(epoch_seed, index)``: the shadow loader's samplers
+        # do, so workers started epochs ago (persistent ones) draw what fresh ones would.
+        epoch_seed, index = key if isinstance(key, tuple) else (self.epoch_seed, key)
+        seed = mix(epoch_seed, index)
         torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
         data = sys.modules.get("torch.utils.data")
         if data is not None and data.get_worker_info() is not None:

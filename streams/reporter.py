@@ -373,6 +373,7 @@ class Reporter:
         self.sent = 0
         self._exit_sent = False
         self._closed = False
+        self._log_seq = 0
         self._lock = threading.Lock()  # serialises sending (thread vs. exit paths), never step()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         with contextlib.suppress(OSError):
@@ -426,6 +427,17 @@ class Reporter:
             return
         item = (step, time.time_ns() // 1_000_000, loss, grad_norm, tokens, step_time_s, data_wait_s)
         self._queue.append(item)
+
+    def log(self, line: str, source: str = "trainguard") -> bool:
+        """Send one log line of the training process now (``LogLine``, this rank's job and node):
+        for what the rule table should see at once and the process may not print -- the shadow
+        loader's takeovers (``streams.shadow_loader.LoaderEvent.line``).  Never raises; False when
+        the exporter did not take it (its socket absent or full)."""
+        with self._lock:
+            self._log_seq += 1
+            event = LogLine(node=self.node, ts_ms=time.time_ns() // 1_000_000, source=source, job=self.job,
+                            rank=self.rank, line=line[-65_536:], seq=self._log_seq)  # fmt: skip
+            return self._send(event)
 
     @property
     def dropped(self) -> int:

@@ -115,6 +115,8 @@ ROLE_RULES: tuple[Rule, ...] = (
         r".",
         r"(?:^|/)(?:torch/utils/data|torchdata|webdataset|megatron/core/datasets|megatron/legacy/data|streaming/base)/",
     ),
+    # TrainGuard's shadow loader: a training loop waiting on it waits for its DataLoader's lane.
+    Rule(Role.DATALOADER, r".", r"(?:^|/)streams/shadow_loader\.py$"),
     # Checkpointing: torch.save/load, DCP, framework checkpoint modules, or a function named so
     # (but not activation checkpointing, which is recomputation inside forward/backward).
     Rule(

@@ -7,8 +7,10 @@ import importlib
 
 from detectors.data_path import DATA_PATH_ROWS, DataPathRow, row_for
 from detectors.findings import Finding
+from detectors.log_classifier import LogClassifier
 from detectors.slow_data import SlowDataConfig, SlowDataDetector
 from detectors.training import StallConfig, StepStallDetector
+from streams.shadow_loader import LoaderEvent
 
 
 def _hung_loader() -> list[Finding]:
@@ -42,7 +44,35 @@ def _slow_loader() -> list[Finding]:
     return out
 
 
-DRIVERS = {"loader hung": _hung_loader, "loader slow": _slow_loader}
+def _logged(*lines: str) -> list[Finding]:
+    """What the log classifier makes of the rank's lines, as the node inspector feeds them."""
+    c = LogClassifier()
+    out = []
+    for i, line in enumerate(lines):
+        finding = c.feed(line, ts=100.0 + i, host="n2/trainguard").to_finding(job="j", node="n2")
+        if finding is not None:
+            out.append(finding)
+    return out
+
+
+def _taken_over() -> list[Finding]:
+    """The shadow loader's line for a hung loader it replaced (a real LoaderEvent's)."""
+    event = LoaderEvent("takeover", "stalled", stalled_s=1.03, threshold_s=1.0, takeover_s=0.05,
+                        from_lane=1, to_lane=2, epoch=2, offset=64, consumed=1184)  # fmt: skip
+    return _logged(event.line())
+
+
+def _gave_up() -> list[Finding]:
+    event = LoaderEvent("gave_up", "stalled", stalled_s=1.0, from_lane=5, takeovers=3, epoch=2, offset=64)
+    return _logged(event.line())
+
+
+DRIVERS = {
+    "loader hung, shadow loader ready": _taken_over,
+    "loader hung, no shadow loader": _hung_loader,
+    "loaders keep failing": _gave_up,
+    "loader slow": _slow_loader,
+}
 
 
 def test_every_row_has_a_driver() -> None:
@@ -70,3 +100,14 @@ def test_row_loader_hung() -> None:
 
 def test_row_loader_slow() -> None:
     _check_row(row_for("slow_data"))
+
+
+def test_row_loader_taken_over() -> None:
+    _check_row(row_for("loader_takeover"))
+    (finding,) = _taken_over()
+    assert finding.evidence["rule"] == "shadow-loader-takeover" and finding.node == "n2"
+    assert (finding.evidence["stalled_s"], finding.evidence["takeover_s"]) == ("1.03", "0.050")
+
+
+def test_row_loaders_keep_failing() -> None:
+    _check_row(row_for("loader_failed"))

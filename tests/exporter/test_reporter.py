@@ -195,3 +195,21 @@ def test_data_wait_travels_and_older_steps_still_decode(root: Path, tmp_path: Pa
         b'"dropped":0}'
     )
     assert decode(old).data_wait_s is None
+
+
+def test_log_lines_go_now_with_the_ranks_job_and_a_sequence(root: Path, tmp_path: Path) -> None:
+    src = _source(root, tmp_path)
+    rep = Reporter(job="job-t", rank=3, node="n7", socket_path=str(src.path), capture_exceptions=False,
+                   capture_sigterm=False, flight_recorder=False)  # fmt: skip
+    line = "trainguard shadow loader: took over from loader 1 (stalled: no batch for 1.02 s, ...)"
+    assert rep.log(line) and rep.log("second")
+    logs = [e for e in _collect(src, 2) if isinstance(e, LogLine)]
+    assert [(e.job, e.rank, e.node, e.source, e.line, e.seq) for e in logs] == [
+        ("job-t", 3, "n7", "trainguard", line, 1), ("job-t", 3, "n7", "trainguard", "second", 2)
+    ]
+    rep.close(exit_code=0)
+    src.close()
+    gone = Reporter(job="j", rank=0, socket_path=str(tmp_path / "absent.sock"), capture_exceptions=False,
+                    capture_sigterm=False, flight_recorder=False)  # fmt: skip
+    assert gone.log("nobody listens") is False  # never raises
+    gone.close()
