@@ -83,9 +83,18 @@ class LaunchSpec:
     pg_timeout_s: float = 600.0
     #: reporter socket; empty = $TRAINGUARD_REPORTER_SOCKET or the reporter's default.
     reporter_socket: str = ""
+    #: batches through :class:`streams.shadow_loader.ShadowLoader` (a warm standby loader takes
+    #: over a hung one in place); False: one plain DataLoader, as the baseline job has.
+    shadow_loader: bool = True
+    #: DataLoader worker processes per loader (the shadow loader has two loaders).
+    data_workers: int = 1
+    #: append each step's batch hash to ``<batch_log>.rank-<R>`` (the exact-resume test).
+    batch_log: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
 
     def __post_init__(self) -> None:
+        if self.data_workers < 1:
+            raise ValueError(f"data_workers={self.data_workers} must be >= 1")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} must be >= 1")
         names = self.machine_names()
@@ -162,6 +171,10 @@ class LaunchSpec:
         ]  # fmt: skip
         if self.reporter_socket:
             argv += ["--reporter-socket", self.reporter_socket]
+        if self.batch_log:
+            argv += ["--batch-log", self.batch_log]
+        argv += ["--data-workers", str(self.data_workers)]
+        argv.append("--shadow-loader" if self.shadow_loader else "--no-shadow-loader")
         argv.append("--resume" if self.resume else "--no-resume")
         argv.append("--nan-check" if self.nan_check else "--no-nan-check")
         return argv

@@ -1,43 +1,58 @@
-"""The training data: random windows of the generated corpus, one batch per (step, DP replica).
+"""The training data: windows of the generated corpus, shuffled, read by a real DataLoader.
 
-A batch depends only on ``(seed, step, dp index)``, so a job resumed at step ``s`` sees exactly
-the batches it would have seen, with no sampler state in the checkpoint.  Batches come through a
-real ``DataLoader`` with one worker process (torch names it ``pt_data_worker``), which is where
-the ``hang-dataloader`` fault blocks.
+Sample ``i`` is the corpus window starting near ``i * seq_len`` (a random shift of up to
+``seq_len // 2`` characters: augmentation drawn in the loader's workers).  Each DP replica reads
+its share of a shuffled epoch (:class:`streams.data_position.ResumableSampler`), the draws are
+seeded per sample (:class:`streams.data_position.SeededSamples`), and the position -- epoch,
+samples consumed -- is saved in every checkpoint, so a restarted job reads exactly the batches
+it would have read (``tests/demo/test_data_path.py`` checks it by hash per step).
+
+The batches come from :class:`streams.shadow_loader.ShadowLoader` (a worker set with a warm
+standby; TrainGuard's job) or from one plain ``DataLoader`` (``--no-shadow-loader``: the
+baseline).  A worker is where the ``hang-dataloader`` fault blocks: the first worker that reads a
+sample after the fault is injected hangs (and marks the fault fired, so a standby's workers and
+restarted ranks read on).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from streams.data_position import DataPosition, SeededSamples
 from trainguard_demo.corpus import corpus_text, encode
 from trainguard_demo.faults import FaultPoller, hang_forever
 
 
-class StepBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Item ``step``: ``(inputs, targets)`` of shape ``(rows, seq_len)`` for one DP replica."""
+class CorpusWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Item ``i``: ``(inputs, targets)`` of ``seq_len`` tokens, a window near ``i * seq_len``."""
 
-    def __init__(self, rows: int, seq_len: int, seed: int, dp_index: int, faults: FaultPoller | None) -> None:
+    def __init__(self, seq_len: int, faults: FaultPoller | None = None) -> None:
         self.tokens = torch.tensor(encode(corpus_text()), dtype=torch.long)
-        self.rows, self.seq_len, self.seed, self.dp_index = rows, seq_len, seed, dp_index
+        self.seq_len = seq_len
+        self.shift = max(1, seq_len // 2)
         self.faults = faults
+        self.count = (len(self.tokens) - seq_len - 1 - self.shift) // seq_len
 
     def __len__(self) -> int:
-        return 1 << 40  # steps are unbounded; the sampler decides which ones are read
+        return self.count
 
-    def __getitem__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.faults is not None:
             self.faults.poll()
-            if self.faults.active("hang-dataloader", step):
+            if self.faults.active_now("hang-dataloader"):
                 hang_forever("dataloader")
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1009 + self.dp_index)
-        starts = torch.randint(0, len(self.tokens) - self.seq_len - 1, (self.rows,), generator=g)
-        x = torch.stack([self.tokens[s : s + self.seq_len] for s in starts.tolist()])
-        y = torch.stack([self.tokens[s + 1 : s + 1 + self.seq_len] for s in starts.tolist()])
-        return x, y
+        start = i * self.seq_len + int(torch.randint(0, self.shift, ()))
+        window = self.tokens[start : start + self.seq_len + 1]
+        return window[:-1], window[1:]
 
 
-def make_loader(data: StepBatches, start: int, stop: int) -> DataLoader[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches for steps ``start .. stop-1`` from one worker process, two steps prefetched."""
-    return DataLoader(data, batch_size=None, sampler=range(start, stop), num_workers=1, prefetch_factor=2)
+def plain_batches(data: CorpusWindows, position: DataPosition, rows: int, workers: int) -> Any:
+    """Batches of ``rows`` samples from one DataLoader of ``workers`` processes (no standby)."""
+    loader = DataLoader(
+        SeededSamples(data), batch_size=rows, sampler=position.sampler, num_workers=workers,
+        prefetch_factor=2 if workers else None, generator=position.generator,
+    )  # fmt: skip
+    return position.batches(loader)

@@ -6,6 +6,7 @@ when it changes (one ``stat`` per step) and reports which faults are active at a
 ==================  ===========================================================================
 ``hang``            the rank sleeps forever inside the model forward (stuck kernel)
 ``hang-dataloader`` the rank's DataLoader worker blocks; the main process waits on it forever
+                    (or, with the shadow loader, its standby loader takes over)
 ``hang-checkpoint`` the rank's checkpoint writer blocks; the next step waits for it forever
 ``hang-p2p``        the rank's pipeline sends are lost: its next stage (or, from the last stage,
                     its previous one) waits in ``recv`` forever, and so does the rank itself
@@ -135,17 +136,25 @@ class FaultPoller:
         self._stamp = stamp
         self._faults = [f for f in read_faults(self.cluster_dir, self.machine) if self._mine(f)]
 
-    def active(self, kind: str, step: int) -> Fault | None:
-        """The first fault of ``kind`` active at ``step``; marks it fired (and says so on stdout)."""
+    def active(self, kind: str, step: int | None) -> Fault | None:
+        """The first fault of ``kind`` active at ``step`` (None: whatever the step); marks it
+        fired (and says so on stdout)."""
         for f in self._faults:
-            if f.kind == kind and step >= f.at_step:
+            if f.kind == kind and (step is None or step >= f.at_step):
                 if f.id not in self._fired_here:
                     self._fired_here.add(f.id)
                     write_atomic(self._marker(f), f"{step}\n")
-                    msg = f"trainguard-demo: fault {f.kind} ({f.id}) fires on rank {self.rank} at step {step}"
+                    when = "in its data loader" if step is None else f"at step {step}"
+                    msg = f"trainguard-demo: fault {f.kind} ({f.id}) fires on rank {self.rank} {when}"
                     print(msg, flush=True)
                 return f
         return None
+
+
+    def active_now(self, kind: str) -> Fault | None:
+        """The first fault of ``kind`` active whatever the step (a loader worker knows samples,
+        not steps); marks it fired like :meth:`active`."""
+        return self.active(kind, None)
 
 
 def hang_forever(where: str) -> None:

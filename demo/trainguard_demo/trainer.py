@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import math
 import os
@@ -31,12 +32,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from streams.data_position import DataPosition, ResumableSampler
 from streams.reporter import Reporter
+from streams.shadow_loader import LoaderEvent, ShadowLoader
 from trainguard_demo.checkpoint import CheckpointWriter, latest_complete, load_shard, snapshot
 from trainguard_demo.codever import CodeWatcher
 from trainguard_demo.config import LaunchSpec, ModelConfig, write_atomic
 from trainguard_demo.corpus import VOCAB
-from trainguard_demo.data import StepBatches, make_loader
+from trainguard_demo.data import CorpusWindows, plain_batches
 from trainguard_demo.faults import FaultPoller, hang_forever
 from trainguard_demo.model import GPTStage
 from trainguard_demo.parallel import (
@@ -92,8 +95,11 @@ def _crash(rank: int, step: int, signame: str) -> None:
     raise RuntimeError(f"injected crash on rank {rank} at step {step}")
 
 
-def _resume(spec: LaunchSpec, rank: int, stage: GPTStage, optim: torch.optim.Optimizer) -> tuple[int, str]:
-    """Load the latest step complete on every rank's view; (0, "") when there is none."""
+def _resume(
+    spec: LaunchSpec, rank: int, stage: GPTStage, optim: torch.optim.Optimizer, position: DataPosition
+) -> tuple[int, str]:
+    """Load the latest step complete on every rank's view, with its data position; (0, "") when
+    there is none."""
     found = latest_complete(spec)
     # Ranks agree on the step (min over ranks), so a shard finishing mid-scan cannot split them.
     agreed = torch.tensor([found[0] if found else 0])
@@ -106,7 +112,12 @@ def _resume(spec: LaunchSpec, rank: int, stage: GPTStage, optim: torch.optim.Opt
     state = load_shard(at[1][rank])
     stage.load_state_dict(state["model"])
     optim.load_state_dict(state["optim"])
+    position.load_state_dict(state["data_position"])
     return step, str(state["loaded_from"])
+
+
+def _batch_digest(x: torch.Tensor, y: torch.Tensor) -> str:
+    return hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest()[:16]
 
 
 def _share_loss(loss: float | None, ctx: ParallelContext) -> float:
@@ -155,13 +166,31 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
         stage = GPTStage(spec.model, len(VOCAB), ctx, spec.seed, code.module.activation)
         optim = torch.optim.AdamW(stage.parameters(), lr=spec.lr, weight_decay=0.0)
         marks.append(("model", time.perf_counter()))
-        start, loaded_from = _resume(spec, rank, stage, optim) if spec.resume else (0, "")
+        # Every rank of a DP replica reads the replica's share of each shuffled epoch.
+        data = CorpusWindows(spec.model.seq_len, FaultPoller(spec.cluster_dir, machine, spec.job, rank, local_rank))
+        position = DataPosition(
+            ResumableSampler(len(data), seed=spec.seed, rank=ctx.coords.dp, world_size=spec.dp), torch.Generator()
+        )
+        start, loaded_from = _resume(spec, rank, stage, optim, position) if spec.resume else (0, "")
         marks.append(("resume", time.perf_counter()))
         if start:
-            print(f"rank {rank}: resumed at step {start} from {loaded_from}", flush=True)
+            print(f"rank {rank}: resumed at step {start} from {loaded_from} at data epoch "
+                  f"{position.sampler.epoch} sample {position.sampler.offset}", flush=True)  # fmt: skip
         writer = CheckpointWriter(spec, rank, code.version)
-        data = StepBatches(spec.micro_batch * spec.microbatches, spec.model.seq_len, spec.seed, ctx.coords.dp,
-                           FaultPoller(spec.cluster_dir, machine, spec.job, rank, local_rank))  # fmt: skip
+        rows = spec.micro_batch * spec.microbatches
+        shadow: ShadowLoader | None = None
+        if spec.shadow_loader:
+
+            def on_loader_event(event: LoaderEvent) -> None:
+                print(f"rank {rank}: {event.line()}", flush=True)
+                rep.log(event.line())
+
+            shadow = ShadowLoader(data, position, {"batch_size": rows, "num_workers": spec.data_workers,
+                                                   "prefetch_factor": 2}, on_event=on_loader_event)  # fmt: skip
+            batches = shadow.batches()
+        else:
+            batches = plain_batches(data, position, rows, spec.data_workers)
+        batch_log = open(f"{spec.batch_log}.rank-{rank}", "a") if spec.batch_log else None  # noqa: SIM115
         # Where a (re)start spends its time: the restart cost is what ETTR loses per incident.
         starts = [t0] + [t for _, t in marks[:-1]]
         phases = ", ".join(f"{n} {t - p:.2f}s" for (n, t), p in zip(marks, starts, strict=True))
@@ -180,9 +209,13 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
         # rank was never found (a demo run at 536796a).
         recent_steps: collections.deque[float] = collections.deque(maxlen=200)
         t_prev = time.perf_counter()
-        for step, (x, y) in zip(
-            range(start + 1, spec.steps + 1), make_loader(data, start + 1, spec.steps + 1), strict=True
-        ):
+        for step in range(start + 1, spec.steps + 1):
+            t_wait = time.perf_counter()
+            x, y = next(batches)  # blocks while the loader has no batch ready
+            data_wait_s = time.perf_counter() - t_wait
+            if batch_log is not None:
+                batch_log.write(f"{step} {_batch_digest(x, y)}\n")
+                batch_log.flush()
             faults.poll()
             if code.poll():
                 stage.set_activation(code.module.activation)
@@ -217,20 +250,27 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
             finite = math.isfinite(shared_loss)
             waited = 0.0
             if finite and step % spec.checkpoint_every == 0:  # periodic: 1 = every step
-                waited = writer.submit(step, snapshot(stage, optim, step=step), hang=hang_ckpt)
+                state = snapshot(stage, optim, step=step, data_position=position.state_dict())
+                waited = writer.submit(step, state, hang=hang_ckpt)
             now = time.perf_counter()
             step_s, t_prev = now - t_prev, now
             if not slow:
                 recent_steps.append(step_s)
-            rep.step(step, loss=shared_loss, grad_norm=grad_norm, tokens=tokens, step_time_s=step_s)
+            rep.step(step, loss=shared_loss, grad_norm=grad_norm, tokens=tokens, step_time_s=step_s,
+                     data_wait_s=data_wait_s)  # fmt: skip
             progress.write("running", step=step, loss=shared_loss, grad_norm=grad_norm, step_time_s=step_s,
                            ckpt_wait_s=waited, ckpt_step=writer.last_written, code_version=code.version,
-                           resumed_from=start)  # fmt: skip
+                           resumed_from=start, data_wait_s=data_wait_s,
+                           loader_takeovers=len(shadow.events) if shadow else 0)  # fmt: skip
             print(f"rank {rank} step {step} loss {shared_loss:.4f} grad_norm {grad_norm:.3f} "
                   f"step_time {step_s:.3f}s", flush=True)  # fmt: skip
             if spec.step_delay_s:
                 time.sleep(spec.step_delay_s)
         writer.wait()
+        if shadow is not None:
+            shadow.close()
+        if batch_log is not None:
+            batch_log.close()
         progress.write("done", step=spec.steps, ckpt_step=writer.last_written)
         rep.close(exit_code=0)
         dist.destroy_process_group()
@@ -268,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nan-check", action=argparse.BooleanOptionalAction, default=False,
                    help="raise FloatingPointError on a non-finite loss")  # fmt: skip
     p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--shadow-loader", action=argparse.BooleanOptionalAction, default=True,
+                   help="a warm standby loader takes over a hung one (streams.shadow_loader)")  # fmt: skip
+    p.add_argument("--data-workers", type=int, default=1, help="DataLoader worker processes per loader")
+    p.add_argument("--batch-log", default="", help="append 'step sha256' per step to PATH.rank-R")
     p.add_argument("--pg-timeout", type=float, default=600.0)
     p.add_argument("--reporter-socket", default="")
     p.add_argument("--d-model", type=int, default=64)
@@ -287,6 +331,7 @@ def spec_from_args(a: argparse.Namespace) -> tuple[LaunchSpec, int]:
         lr=a.lr, clip_norm=a.clip_norm, seed=a.seed, keep_checkpoints=a.keep_checkpoints,
         checkpoint_every=a.checkpoint_every, nan_check=a.nan_check,
         step_delay_s=a.step_delay, pg_timeout_s=a.pg_timeout, reporter_socket=a.reporter_socket,
+        shadow_loader=a.shadow_loader, data_workers=a.data_workers, batch_log=a.batch_log,
         model=ModelConfig(
             d_model=a.d_model, n_heads=a.heads, n_layers=a.layers, d_ff=a.d_ff, seq_len=a.seq_len
         ),
