@@ -41,16 +41,17 @@ Typical use::
         ...
         rep.step(step, loss=loss, data_wait_s=loader.last_wait_s)
 
-Torch is imported only when the first lane is built.  Only DataLoader internals of the pinned
-torch are touched (``_workers``, ``_shutdown_workers`` and the SIGCHLD pid registry, to stop a
-hung lane's workers without waiting for them); ``tests/streams/test_shadow_loader.py`` exercises
-them on a real multi-worker loader.
+Torch is imported only when the first lane is built (the product's services never load it).
+Only DataLoader internals of the pinned torch are touched (``_workers``, ``_shutdown_workers``
+and the SIGCHLD pid registry, to stop a hung lane's workers without waiting for them);
+``tests/streams/test_shadow_loader.py`` exercises them on a real multi-worker loader.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import logging
 import math
 import queue
@@ -157,6 +158,12 @@ class _Failed(Exception):
 _BATCH, _END, _ERROR, _OK = "batch", "end", "error", "ok"
 
 
+def _torch_module(name: str) -> Any:
+    """A torch module, imported when the shadow loader runs -- in a training process, which has
+    torch -- never when ``streams`` is imported (the product's services run without torch)."""
+    return importlib.import_module(name)
+
+
 def _worker_died(exc: BaseException) -> bool:
     """Whether ``exc`` is the DataLoader's report of a worker that exited (not a dataset error,
     which the DataLoader re-raises as its own type with "Caught ... in DataLoader worker")."""
@@ -191,7 +198,7 @@ class _Lane:
             # killed on purpose must not raise in the training loop.  Its slice is empty: the
             # workers start and wait.
             self.iterator = iter(self.loader)
-        except BaseException as exc:  # noqa: BLE001 -- reported as the standby's failure
+        except BaseException as exc:
             self.start_error = exc
             self.started.set()
             return
@@ -208,7 +215,7 @@ class _Lane:
                     reply = (_BATCH, next(self.iterator))
             except StopIteration:
                 reply = (_END, None)
-            except BaseException as exc:  # noqa: BLE001 -- handed to the training loop to judge
+            except BaseException as exc:
                 reply = (_ERROR, exc)
             self._replies.put(reply)
         self._shutdown()
@@ -244,8 +251,7 @@ class _Lane:
             # Unregister the pids first: a SIGCHLD handler installed by another loader of this
             # process would otherwise raise "worker killed" in the training loop.
             with contextlib.suppress(Exception):
-                from torch.utils.data._utils import signal_handling
-
+                signal_handling = _torch_module("torch.utils.data._utils.signal_handling")
                 signal_handling._remove_worker_pids(id(it))
                 it._worker_pids_set = False
         for w in self.workers():
@@ -293,7 +299,9 @@ class ShadowLoader:
             raise ValueError("loader_args needs a batch_size >= 1 (the position advances by it)")
         workers = loader_args.get("num_workers")
         if not isinstance(workers, int) or workers < 1:
-            raise ValueError("loader_args needs num_workers >= 1: a loader in the training process has no standby")
+            raise ValueError(
+                "loader_args needs num_workers >= 1: a loader in the training process has no standby"
+            )
         self.dataset = dataset if isinstance(dataset, SeededSamples) else SeededSamples(dataset)
         self.position = position
         self.loader_args = dict(loader_args)
@@ -316,9 +324,11 @@ class ShadowLoader:
 
     # -- lanes ----------------------------------------------------------------------------------
     def _make_loader(self, keys: _KeyedSlice) -> Any:
-        from torch.utils.data import DataLoader
-
-        return DataLoader(self.dataset, sampler=keys, persistent_workers=True, **self.loader_args)
+        DataLoader = _torch_module("torch.utils.data").DataLoader
+        # SeededSamples is a map-style dataset by protocol (``__getitem__``, ``__len__``), not a
+        # subclass of torch's Dataset, which streams does not import at module level.
+        dataset: Any = self.dataset
+        return DataLoader(dataset, sampler=keys, persistent_workers=True, **self.loader_args)
 
     def _new_lane(self) -> _Lane:
         self._lanes += 1
@@ -443,7 +453,9 @@ class ShadowLoader:
         if standby.start_error is not None:
             self._standby = None
             exc = standby.start_error
-            self._emit(LoaderEvent("standby_failed", f"{type(exc).__name__}: {exc}"[:500], to_lane=standby.number))
+            self._emit(
+                LoaderEvent("standby_failed", f"{type(exc).__name__}: {exc}"[:500], to_lane=standby.number)
+            )
             return None
         return standby
 

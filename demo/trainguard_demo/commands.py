@@ -46,6 +46,13 @@ from trainguard.context import friendly_errors, settings
     "Slurm (started with it), recovery through the slurm executor; k8s: nodes of the stack's private "
     "Kubernetes (started with it), ranks in pods, recovery through the kubernetes executor.",
 )
+@click.option(
+    "--shadow-loader/--no-shadow-loader",
+    default=True,
+    show_default=True,
+    help="TrainGuard's job reads through the shadow loader (a warm standby loader takes over a hung "
+    "one in place); --no-shadow-loader: one plain DataLoader, a hung loader is evicted and restarted.",
+)
 @click.pass_context
 @friendly_errors
 def demo(
@@ -55,6 +62,7 @@ def demo(
     keep: bool,
     baseline: bool | None,
     cluster: str,
+    shadow_loader: bool,
 ) -> None:
     """Run a real PyTorch job on a local cluster through injected faults; print timeline and ETTR."""
     from trainguard_demo.k8s_demo import K8S_SCENARIO, K8sDemo, print_k8s
@@ -76,11 +84,13 @@ def demo(
     import signal
 
     if cluster == "slurm":
-        d: Demo = SlurmDemo(settings(ctx), DemoConfig(baseline=False), scenario)
+        d: Demo = SlurmDemo(settings(ctx), DemoConfig(baseline=False, shadow_loader=shadow_loader), scenario)
     elif cluster == "k8s":
-        d = K8sDemo(settings(ctx), DemoConfig(baseline=False), scenario)
+        d = K8sDemo(settings(ctx), DemoConfig(baseline=False, shadow_loader=shadow_loader), scenario)
     else:
-        d = Demo(settings(ctx), DemoConfig(baseline=baseline is not False), scenario)
+        d = Demo(
+            settings(ctx), DemoConfig(baseline=baseline is not False, shadow_loader=shadow_loader), scenario
+        )
 
     def on_term(signum: int, frame: object) -> None:
         # Run the cleanup below on SIGTERM too, not only on Ctrl-C -- once: a second SIGTERM (a

@@ -49,10 +49,16 @@ class CorpusWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return window[:-1], window[1:]
 
 
+#: DataLoader arguments of both paths besides the batch size and workers: an epoch's last,
+#: partial batch is dropped (the pipeline splits a batch into equal micro-batches).
+LOADER_ARGS: dict[str, Any] = {"drop_last": True, "prefetch_factor": 2}
+
+
 def plain_batches(data: CorpusWindows, position: DataPosition, rows: int, workers: int) -> Any:
     """Batches of ``rows`` samples from one DataLoader of ``workers`` processes (no standby)."""
-    loader = DataLoader(
-        SeededSamples(data), batch_size=rows, sampler=position.sampler, num_workers=workers,
-        prefetch_factor=2 if workers else None, generator=position.generator,
+    seeded: Any = SeededSamples(data)  # a map-style dataset by protocol, not a torch Dataset subclass
+    loader: DataLoader[Any] = DataLoader(
+        seeded, batch_size=rows, sampler=position.sampler, num_workers=workers,
+        generator=position.generator, **LOADER_ARGS,
     )  # fmt: skip
     return position.batches(loader)

@@ -150,7 +150,6 @@ class FaultPoller:
                 return f
         return None
 
-
     def active_now(self, kind: str) -> Fault | None:
         """The first fault of ``kind`` active whatever the step (a loader worker knows samples,
         not steps); marks it fired like :meth:`active`."""

@@ -35,9 +35,11 @@ NOT_ACTING = ("aggregate", "none", "ignore")
 TOLERATED = ("nic-flap",)
 #: Faults whose recovery must take a given path: a fail-slow rank is removed, not waited out.
 REQUIRED_PATH = {"slow": "evict"}
+#: The path of a hung loader taken over by the rank's shadow loader (no recovery by the service).
+IN_PLACE_LOADER = "shadow-loader"
 
 #: Later than any injection: the upper bound of the last incident's window.
-_END_OF_TIME_MS = 1 << 62
+END_OF_TIME_MS = 1 << 62
 
 
 class Recovery(NamedTuple):
@@ -66,6 +68,17 @@ def recoveries_since(store: ClickHouseStore, job: str, t_ms: int) -> list[Recove
     ]
 
 
+def loader_takeover_since(store: ClickHouseStore, job: str, t_ms: int, t_next: int) -> int | None:
+    """When (the rank's own clock, ms) a shadow loader of ``job`` first took over a hung or dead
+    loader in ``[t_ms, t_next)`` as TrainGuard recorded it (rule ``shadow-loader-takeover``)."""
+    rows = store.query(
+        "SELECT min(source_ts_ms) FROM detections FINAL WHERE job = %(j)s AND ts_ms >= %(t)s "
+        "AND ts_ms < %(n)s AND category = 'loader_takeover'",
+        {"j": job, "t": t_ms, "n": t_next},
+    )
+    return int(rows[0][0]) if rows and rows[0][0] else None
+
+
 def first_step_after(store: ClickHouseStore, job: str, ts_ms: int) -> int | None:
     """When rank 0 of ``job`` reported its first training step after ``ts_ms``."""
     rows = store.query(
@@ -89,7 +102,7 @@ def build_summary(
     incidents = []
     for index, injection in enumerate(injected):
         later = (int(i["injected_at"] * 1000) for i in injected[index + 1 :] if not i.get("skipped"))
-        t_next = next(later, _END_OF_TIME_MS)
+        t_next = next(later, END_OF_TIME_MS)
         incidents.append(_incident(store, job, injection, t_next))
     job_ettr = ettr(store, job)
     summary: dict[str, Any] = {
@@ -134,7 +147,7 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         store,
         "SELECT min(ts_ms) FROM detections FINAL WHERE job = %(j)s AND ts_ms >= %(t)s "
         "AND ts_ms < %(n)s AND (action NOT IN ('none', 'ignore') "
-        "OR (node = %(m)s AND kind LIKE 'nic-%%'))",
+        "OR (node = %(m)s AND kind LIKE 'nic-%%') OR category = 'loader_takeover')",
         job, t_ms, t_next, m=injection["machine"],
     )  # fmt: skip
     localised_ms = _first_ts(
@@ -159,8 +172,12 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
     # may wait for that first step, and the step after the end is a later one.
     steps = _step_rows(store, succeeded)
     after = _restart_end(steps) or max((rec.ts_ms for rec in succeeded), default=None)
-    recovered_ms = first_step_after(store, job, after) if after is not None else None
     action = _recovery_path(store, succeeded[0].decision_id) if succeeded else None
+    # A hung loader its shadow loader took over: recovered in place, by the rank, at the takeover.
+    takeover_ms = None if acting else loader_takeover_since(store, job, t_ms, t_next)
+    if takeover_ms is not None:
+        after, action = takeover_ms, IN_PLACE_LOADER
+    recovered_ms = first_step_after(store, job, after) if after is not None else None
     failed = [rec for rec in acting if rec.phase in ("failed", "held")]
 
     def since_injection(ms: int | None) -> float | None:
@@ -177,7 +194,7 @@ def _incident(store: ClickHouseStore, job: str, injection: dict[str, Any], t_nex
         "action": action or ("tolerated" if detected_ms and not acting else None),
         "decided_by": decided_by,
         "recovered": _recovered(injection, failed, action),
-        "phases": _phases(t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, steps),
+        "phases": _phases(t_ms, detected_ms, localised_ms, decided_ms, recovered_ms, steps, takeover_ms),
     }
 
 
@@ -248,22 +265,28 @@ def _phases(
     decided_ms: int | None,
     recovered_ms: int | None,
     steps: list[tuple[str, float, int]],
+    takeover_ms: int | None = None,
 ) -> dict[str, Any]:
     """Where the incident's time went, in seconds: detect (injection -> first detection),
     localise (-> first decision naming machines), decide (-> the acting decision), each recovery
     step as the action service timed it (``steps``: :func:`_step_rows`), and the first step (the
-    restart's end -> the first training step after it)."""
+    restart's end -> the first training step after it).  For a loader the shadow loader took over,
+    ``takeover`` (injection -> the takeover: the fault firing, the prefetched batches consumed, the
+    stall threshold, the standby's first batch) and the first step after it."""
 
     def span(start: int | None, end: int | None) -> float | None:
         return None if start is None or end is None else round(max(0, end - start) / 1000, 2)
 
-    return {
+    out = {
         "detect": span(t_ms, detected_ms),
         "localise": span(detected_ms, localised_ms) if localised_ms else None,
         "decide": span(localised_ms or detected_ms, decided_ms),
         "steps": {step: round(ms / 1000, 2) for step, ms, _ in steps},
-        "first_step": span(_restart_end(steps), recovered_ms),
+        "first_step": span(_restart_end(steps) or takeover_ms, recovered_ms),
     }
+    if takeover_ms is not None:
+        out["takeover"] = span(t_ms, takeover_ms)
+    return out
 
 
 def _first_ts(

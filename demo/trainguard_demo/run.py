@@ -54,8 +54,10 @@ from trainguard_demo.launcher import (
 )
 from trainguard_demo.node import exporter_argv
 from trainguard_demo.report import (
+    END_OF_TIME_MS,
     NOT_ACTING,
     build_summary,
+    loader_takeover_since,
     recoveries_since,
     standby_readiness,
     stepping_after,
@@ -130,6 +132,8 @@ class DemoConfig:
     web_port: int = 16400
     #: run the baseline job next to TrainGuard's (``--no-baseline``: TrainGuard's job alone).
     baseline: bool = True
+    #: TrainGuard's job reads through the shadow loader (the baseline never does).
+    shadow_loader: bool = True
     baseline_timeout_s: float = 30.0
     baseline_checkpoint_every: int = 50
     #: the whole run (start, every fault, the summary) ends within this; a fault that cannot be
@@ -290,6 +294,7 @@ class Demo:
             master_port=29690,
             resume=True,
             pg_timeout_s=self.cfg.pg_timeout_s,
+            shadow_loader=self.cfg.shadow_loader,
         )
         for machine in machines + standbys:
             self._exporter(machine)
@@ -331,6 +336,7 @@ class Demo:
             cluster_dir=str(self.baseline_cluster),
             machines=machines,
             master_port=29950,
+            shadow_loader=False,  # without TrainGuard: one plain loader, a hang waits for the timeout
         )
         for machine in machines:
             self._spawn(
@@ -430,8 +436,11 @@ class Demo:
             still_open = [rec for rec in acting if rec.phase == "started"]
             # A fault training does not feel (Xid, NIC down) leaves the job stepping until its
             # decision comes (5-13 s later): not handled before a recovery of it has run --
-            # except a flap, to be tolerated, and a slow rank, watched for ``watch_s``.
+            # except a flap, to be tolerated, a slow rank, watched for ``watch_s``, and a hung
+            # loader its shadow loader took over (recorded by TrainGuard, nothing to recover).
             waiting = kind not in ("nic-flap", "slow") and not acting
+            if waiting and kind == "hang-dataloader" and self.cfg.shadow_loader:
+                waiting = loader_takeover_since(self._store(), self.job, t_ms, END_OF_TIME_MS) is None
             resumed = (
                 not waiting
                 and step >= step_before + self.cfg.settle_steps

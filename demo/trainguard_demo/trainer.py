@@ -39,7 +39,7 @@ from trainguard_demo.checkpoint import CheckpointWriter, latest_complete, load_s
 from trainguard_demo.codever import CodeWatcher
 from trainguard_demo.config import LaunchSpec, ModelConfig, write_atomic
 from trainguard_demo.corpus import VOCAB
-from trainguard_demo.data import CorpusWindows, plain_batches
+from trainguard_demo.data import LOADER_ARGS, CorpusWindows, plain_batches
 from trainguard_demo.faults import FaultPoller, hang_forever
 from trainguard_demo.model import GPTStage
 from trainguard_demo.parallel import (
@@ -167,9 +167,12 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
         optim = torch.optim.AdamW(stage.parameters(), lr=spec.lr, weight_decay=0.0)
         marks.append(("model", time.perf_counter()))
         # Every rank of a DP replica reads the replica's share of each shuffled epoch.
-        data = CorpusWindows(spec.model.seq_len, FaultPoller(spec.cluster_dir, machine, spec.job, rank, local_rank))
+        data = CorpusWindows(
+            spec.model.seq_len, FaultPoller(spec.cluster_dir, machine, spec.job, rank, local_rank)
+        )
         position = DataPosition(
-            ResumableSampler(len(data), seed=spec.seed, rank=ctx.coords.dp, world_size=spec.dp), torch.Generator()
+            ResumableSampler(len(data), seed=spec.seed, rank=ctx.coords.dp, world_size=spec.dp),
+            torch.Generator(),
         )
         start, loaded_from = _resume(spec, rank, stage, optim, position) if spec.resume else (0, "")
         marks.append(("resume", time.perf_counter()))
@@ -185,8 +188,8 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
                 print(f"rank {rank}: {event.line()}", flush=True)
                 rep.log(event.line())
 
-            shadow = ShadowLoader(data, position, {"batch_size": rows, "num_workers": spec.data_workers,
-                                                   "prefetch_factor": 2}, on_event=on_loader_event)  # fmt: skip
+            loader_args = {"batch_size": rows, "num_workers": spec.data_workers, **LOADER_ARGS}
+            shadow = ShadowLoader(data, position, loader_args, on_event=on_loader_event)
             batches = shadow.batches()
         else:
             batches = plain_batches(data, position, rows, spec.data_workers)

@@ -19,7 +19,7 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-STEPS = 44  # 35 steps per epoch per DP rank: epoch 0, then into epoch 1
+STEPS = 56  # 48 full batches per epoch per DP rank (the partial 49th is dropped): into epoch 1
 
 
 def _hashes(log: Path) -> dict[int, str]:
@@ -59,7 +59,9 @@ def test_resumed_job_reads_the_same_batches(tmp_path: Path) -> None:
 def test_hung_loader_is_taken_over_without_stopping_the_job(tmp_path: Path) -> None:
     full, _ = _run(tmp_path, "full", STEPS)
     cluster = tmp_path / "hung"
-    spec = make_spec(cluster, free_port(), dp=2, steps=STEPS, batch_log=str(cluster / "batches"), step_delay_s=0.1)
+    spec = make_spec(
+        cluster, free_port(), dp=2, steps=STEPS, batch_log=str(cluster / "batches"), step_delay_s=0.1
+    )
     with launch_job(spec) as job:
         wait_until(lambda: min((p.get("step", 0) for p in job.progress().values()), default=0) >= 10,
                    180, with_ranks("ten steps", job))  # fmt: skip

@@ -37,7 +37,8 @@ def test_slow_then_nan(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "stuck_at"), [("hang", 2), ("hang-checkpoint", 3), ("hang-p2p", 2)]  # hang-dataloader: test_data_path
+    ("kind", "stuck_at"),
+    [("hang", 2), ("hang-checkpoint", 3), ("hang-p2p", 2)],  # hang-dataloader: test_data_path
 )
 def test_hang_stops_progress(tmp_path: Path, kind: str, stuck_at: int) -> None:
     spec = make_spec(tmp_path, free_port(), pp=2, steps=500)

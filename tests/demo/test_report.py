@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard_demo.report import build_summary, recoveries_since, standby_readiness, stepping_after
+from trainguard_demo.report import (
+    END_OF_TIME_MS,
+    build_summary,
+    loader_takeover_since,
+    recoveries_since,
+    standby_readiness,
+    stepping_after,
+)
 
 from infra.clickhouse.store import ClickHouseStore
 from schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
@@ -138,3 +145,31 @@ def test_standby_readiness_measures_provisioned_machines_only(tmp_path: Path) ->
     out = standby_readiness(tmp_path, slots=2)
     assert out["ready_s"] == {"standby-0": 31.0, "standby-1": None}
     assert out["p50_s"] == 31.0 and out["max_s"] == 31.0 and out["never_ready"] == ["standby-1"]
+
+
+def test_a_loader_taken_over_is_recovered_in_place(store: ClickHouseStore) -> None:
+    """A hung loader its shadow loader took over: no recovery ran, the incident is recovered on the
+    shadow-loader path at the first step after the takeover, and the wait for it ends then."""
+    job = "demo-report-loader"
+    fault = T0 + 10_000
+    steps = [
+        TrainingStep(job=job, rank=0, step=i, ts_ms=T0 + 500 * (i + 1), step_time_s=0.5) for i in range(21)
+    ]  # the last one before the stall, at T0 + 10.5 s
+    steps += [TrainingStep(job=job, rank=0, step=21 + i, ts_ms=fault + 2_400 + 500 * i) for i in range(10)]
+    line = ("trainguard shadow loader: took over from loader 1 (stalled: no batch for 1.01 s, threshold "
+            "1.00 s) with loader 2 in 0.040 s at epoch 0 sample 168 (consumed 168)")  # fmt: skip
+    det = Detection(
+        detection_id="det-l", ts_ms=fault + 2_600, job=job, kind="log_rule", category="loader_takeover",
+        severity=Severity.WARNING, action=Action.IGNORE, node="m2", source_ts_ms=fault + 2_200,
+        evidence={"rule": "shadow-loader-takeover", "line": line},
+    )  # fmt: skip
+    store.insert_events([*steps, det])
+    injected = [
+        {"fault": "hang-dataloader", "machine": "m2", "injected_at": fault / 1000, "progressed": True}
+    ]
+    (incident,) = build_summary(store, job, injected)["incidents"]
+    assert incident["recovered"] and incident["action"] == "shadow-loader"
+    assert (incident["detected_s"], incident["recovered_s"], incident["decided_s"]) == (2.6, 2.4, None)
+    assert incident["phases"]["takeover"] == 2.2 and incident["phases"]["first_step"] == 0.2
+    assert loader_takeover_since(store, job, fault, END_OF_TIME_MS) == fault + 2_200
+    assert loader_takeover_since(store, job, fault + 3_000, END_OF_TIME_MS) is None

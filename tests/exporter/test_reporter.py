@@ -205,7 +205,8 @@ def test_log_lines_go_now_with_the_ranks_job_and_a_sequence(root: Path, tmp_path
     assert rep.log(line) and rep.log("second")
     logs = [e for e in _collect(src, 2) if isinstance(e, LogLine)]
     assert [(e.job, e.rank, e.node, e.source, e.line, e.seq) for e in logs] == [
-        ("job-t", 3, "n7", "trainguard", line, 1), ("job-t", 3, "n7", "trainguard", "second", 2)
+        ("job-t", 3, "n7", "trainguard", line, 1),
+        ("job-t", 3, "n7", "trainguard", "second", 2),
     ]
     rep.close(exit_code=0)
     src.close()

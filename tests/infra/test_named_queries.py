@@ -30,6 +30,7 @@ def test_the_package_ships_the_postmortem_queries() -> None:
         "detection_latency",
         "top_fault_machines",
         "standby_use",
+        "placement",
         "dead_letters",
     }
     assert wanted <= set(ALL)
@@ -123,7 +124,13 @@ def _incident(i: int, machine: str, category: str, recovered_after_ms: int | Non
     steps: list[tuple[str, ActionPhase, int, list[str], str]] = [
         ("recovery", ActionPhase.STARTED, 600, [], ""),
         ("evict", ActionPhase.SUCCEEDED, 1000, [machine], ""),
-        ("swap_standbys", ActionPhase.SUCCEEDED, 2000, [machine], f"['{machine}'] -> ['s{i}']"),
+        (
+            "swap_standbys",
+            ActionPhase.SUCCEEDED,
+            2000,
+            [machine],
+            f"['{machine}'] -> ['s{i}']; dp_spread {i + 1}->{i} pp_spread 2->1 ({'exact' if i < 3 else 'heuristic'})",
+        ),
     ]
     if recovered_after_ms is not None:
         steps.append(("recovery", ActionPhase.SUCCEEDED, recovered_after_ms, [], ""))
@@ -203,7 +210,23 @@ def test_incident_steps_evictions_and_standbys(incidents_store: ClickHouseStore)
         ("m1", "dec3", "nic", "pending"),
     ]
     swaps = ALL["standby_use"].run(incidents_store, job="j")
-    assert [s["detail"] for s in swaps] == ["['m1'] -> ['s1']", "['m2'] -> ['s2']", "['m1'] -> ['s3']"]
+    assert [s["detail"].split(";")[0] for s in swaps] == [
+        "['m1'] -> ['s1']",
+        "['m2'] -> ['s2']",
+        "['m1'] -> ['s3']",
+    ]
+    spread = ALL["placement"].run(incidents_store, job="j")
+    assert [
+        (
+            r["decision_id"],
+            r["dp_spread_before"],
+            r["dp_spread_after"],
+            r["pp_spread_before"],
+            r["pp_spread_after"],
+            r["method"],
+        )
+        for r in spread
+    ] == [("dec1", 2, 1, 2, 1, "exact"), ("dec2", 3, 2, 2, 1, "exact"), ("dec3", 4, 3, 2, 1, "heuristic")]
 
 
 def test_machines_view(incidents_store: ClickHouseStore) -> None:

@@ -78,7 +78,9 @@ def _take(batches: Iterator[Any], count: int) -> list[str]:
     return [_digest(b) for _, b in zip(range(count), batches, strict=False)]
 
 
-def _shadow(faults: Path, position: DataPosition, config: ShadowLoaderConfig = FAST, **kw: Any) -> ShadowLoader:
+def _shadow(
+    faults: Path, position: DataPosition, config: ShadowLoaderConfig = FAST, **kw: Any
+) -> ShadowLoader:
     return ShadowLoader(Flaky(faults), position, {"batch_size": BATCH, "num_workers": 2}, config, **kw)
 
 
