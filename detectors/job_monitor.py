@@ -40,7 +40,7 @@ from detectors.training import (
     StragglerDetector,
 )
 from schemas.control import Detection
-from schemas.enums import ProcessRole
+from schemas.enums import Action, ProcessRole, Severity
 from schemas.workload import ProcessExit, RankLiveness, TrainingStep
 
 
@@ -128,6 +128,14 @@ class JobMonitor:
         finding = c.to_finding(job=self.job, node=e.node)
         if finding is None:
             return []
+        if e.role is ProcessRole.DATALOADER and finding.action is not Action.IGNORE:
+            # A DataLoader worker's death is answered by its rank: torch raises in the main
+            # process (whose exit, with the traceback, is classified) or the rank's shadow loader
+            # takes over and kills the hung lane's workers itself; the kernel's OOM-kill line has
+            # its own row.  Acting on the worker's exit too restarted jobs that trained on.
+            evidence = {**finding.evidence, "recommended": finding.action.value, "role": e.role.value,
+                        "note": "a DataLoader worker's exit: recorded; its rank's main process answers it"}  # fmt: skip
+            finding = replace(finding, action=Action.IGNORE, severity=Severity.WARNING, evidence=evidence)
         if e.rank >= 0:
             finding = _with(finding, ranks=(e.rank,), node=e.node)
         # A peer's collective error waits briefly for the exit that caused it (exit_settle).
