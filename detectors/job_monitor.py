@@ -133,8 +133,13 @@ class JobMonitor:
             # process (whose exit, with the traceback, is classified) or the rank's shadow loader
             # takes over and kills the hung lane's workers itself; the kernel's OOM-kill line has
             # its own row.  Acting on the worker's exit too restarted jobs that trained on.
-            evidence = {**finding.evidence, "recommended": finding.action.value, "role": e.role.value,
-                        "note": "a DataLoader worker's exit: recorded; its rank's main process answers it"}  # fmt: skip
+            note = "a DataLoader worker's exit: recorded; its rank's main process answers it"
+            evidence = {
+                **finding.evidence,
+                "recommended": finding.action.value,
+                "role": e.role.value,
+                "note": note,
+            }
             finding = replace(finding, action=Action.IGNORE, severity=Severity.WARNING, evidence=evidence)
         if e.rank >= 0:
             finding = _with(finding, ranks=(e.rank,), node=e.node)
