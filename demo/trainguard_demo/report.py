@@ -351,7 +351,7 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
     echo("\nIncident timeline (seconds after injection)")
     echo(
         f"{'fault':<17}{'machine':<16}{'detected':>9}{'localised':>10}{'decided':>9}{'recovered':>10}"
-        f"  {'action':<10}ok   decided by"
+        f"  {'action':<14}ok   decided by"
     )
 
     def seconds(value: Any) -> str:
@@ -361,7 +361,7 @@ def print_timeline(summary: dict[str, Any], echo: Any = click.echo) -> None:
         echo(
             f"{incident['fault']:<17}{incident['machine']:<16}{seconds(incident['detected_s']):>9}"
             f"{seconds(incident['localised_s']):>10}{seconds(incident['decided_s']):>9}"
-            f"{seconds(incident['recovered_s']):>10}  {incident['action']!s:<10}"
+            f"{seconds(incident['recovered_s']):>10}  {incident['action']!s:<14}"
             f"{'yes' if incident['recovered'] else 'NO':<5}{incident.get('decided_by') or '-'}"
         )
     echo(
