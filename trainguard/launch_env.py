@@ -1,4 +1,5 @@
-"""Slurm's environment -> what one ``trainguard launch`` task does (pure: no I/O, no clock).
+"""Slurm's environment -> what one ``trainguard launch`` task does (pure: no I/O, no clock;
+:func:`read_positions` alone reads a file, ``topology.conf``).
 
 ``srun`` starts one ``trainguard launch`` per task and describes the step in the task's
 environment.  :func:`plan_launch` turns that environment and the launch options
@@ -35,15 +36,19 @@ Ranks must be placed in blocks (``srun --distribution=block``, the default): ran
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from actions.executors.slurm import expand_hostlist
+from actions.positions import TopologyConfError, parse_topology_conf
 from schemas.base import now_ms
 from schemas.control import JobSpec
 from schemas.limits import NAME
+from schemas.network import MachinePosition
 from schemas.topology import JobTopology
 from schemas.typecheck import bounds
 from streams.reporter import DEFAULT_SOCKET
@@ -90,6 +95,13 @@ class LaunchConfig:
     publish: bool = True
     #: how long rank 0 keeps trying to publish the spec (training runs meanwhile).
     publish_timeout_s: float = field(default=60.0, metadata=bounds(1, 86_400))
+    #: Slurm's ``topology.conf``, for the machines' network positions in the first spec (the
+    #: placement planner's input); "" = beside ``$SLURM_CONF`` (default ``/etc/slurm/slurm.conf``).
+    #: Absent or unreadable: the spec goes out without positions (said, never fatal).
+    topology_conf: str = field(default="", metadata=bounds(max_len=4096))
+    #: a node's pod is the switch this many levels above its rack's (the action service's
+    #: ``executor_options.topology_pod_level``: both must read the tree the same way).
+    topology_pod_level: int = field(default=1, metadata=bounds(1, 16))
 
     def __post_init__(self) -> None:
         if not self.job.strip() or any(c.isspace() for c in self.job):
@@ -118,6 +130,8 @@ class LaunchPlan:
     #: ``TRAINGUARD_RESTART`` of a step the action service (re)started; 0 for the job's own launch.
     restart: int
     publish: bool
+    #: network positions of the step's nodes and standbys (``read_positions``), for the spec.
+    positions: dict[str, MachinePosition] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -151,7 +165,41 @@ class LaunchPlan:
             ts_ms=now_ms() if ts_ms is None else ts_ms,
             topology=self.topology,
             standbys=list(self.standbys),
+            positions=dict(self.positions),
         )
+
+
+def topology_conf_path(cfg: LaunchConfig, environ: Mapping[str, str]) -> str:
+    """Where ``topology.conf`` is: the option, else beside ``$SLURM_CONF`` (Slurm's own rule)."""
+    if cfg.topology_conf:
+        return cfg.topology_conf
+    slurm_conf = environ.get("SLURM_CONF", "").strip() or "/etc/slurm/slurm.conf"
+    return os.path.join(os.path.dirname(slurm_conf), "topology.conf")
+
+
+def read_positions(plan: LaunchPlan, cfg: LaunchConfig, environ: Mapping[str, str]) -> tuple[LaunchPlan, str]:
+    """``plan`` with the positions of its nodes and standbys from ``topology.conf``, and what to
+    say about it ("" when there is nothing to say).  The file's absence or a line Slurm itself
+    would refuse leaves the plan without positions: the job runs either way, and the action
+    service still reads the file from its side."""
+    path = topology_conf_path(cfg, environ)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return plan, ""
+    except OSError as exc:
+        return plan, f"{path}: {exc.strerror or exc}; the job spec goes out without network positions"
+    try:
+        found = parse_topology_conf(text, cfg.topology_pod_level)
+    except TopologyConfError as exc:
+        return plan, f"{path}: {exc}; the job spec goes out without network positions"
+    wanted = [*plan.topology.machines, *plan.standbys]
+    positions = {m: found[m] for m in wanted if m in found}
+    missing = [m for m in wanted if m not in found]
+    note = f"network positions of {len(positions)} node(s) from {path}"
+    if missing:
+        note += f"; not listed there: {','.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
+    return replace(plan, positions=positions), note
 
 
 def parse_tasks_per_node(text: str) -> list[int]:

@@ -273,3 +273,39 @@ def test_the_modules_examples_hold() -> None:
     for module in (launch_env, launch_command):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+TOPOLOGY_CONF = """# two pods: spine1 over racks leaf1-2, spine2 over leaf3
+SwitchName=leaf1 Nodes=n[1-2]
+SwitchName=leaf2 Nodes=n[3-4]
+SwitchName=leaf3 Nodes=n5
+SwitchName=spine1 Switches=leaf[1-2]
+SwitchName=spine2 Switches=leaf3
+"""
+
+
+def test_rank_0_reads_network_positions_from_topology_conf_beside_slurm_conf(tmp_path: Path) -> None:
+    (tmp_path / "topology.conf").write_text(TOPOLOGY_CONF)
+    env = slurm_env(SLURM_PROCID="0", SLURM_LOCALID="0", SLURMD_NODENAME="n1",
+                    SLURM_CONF=str(tmp_path / "slurm.conf"))  # fmt: skip
+    cfg = LaunchConfig(job="llm")
+    plan, note = launch_env.read_positions(plan_launch(cfg, env), cfg, env)
+    pos = {m: (p.pod, p.rack) for m, p in plan.positions.items()}
+    assert pos == {"n1": ("spine1", "leaf1"), "n2": ("spine1", "leaf1"), "n3": ("spine1", "leaf2"),
+                   "n4": ("spine1", "leaf2"), "n5": ("spine2", "leaf3")}  # fmt: skip
+    assert note.startswith(f"network positions of 5 node(s) from {tmp_path / 'topology.conf'}")
+    assert note.endswith("not listed there: n6")  # a standby the file does not place
+    spec = plan.job_spec(ts_ms=NOW)
+    assert decode(encode(spec), expect=JobSpec).positions == plan.positions
+
+
+def test_no_or_bad_topology_conf_leaves_the_spec_without_positions(tmp_path: Path) -> None:
+    env = slurm_env(SLURM_PROCID="0", SLURM_LOCALID="0", SLURMD_NODENAME="n1")
+    absent = LaunchConfig(job="llm", topology_conf=str(tmp_path / "none.conf"))
+    plan, note = launch_env.read_positions(plan_launch(absent, env), absent, env)
+    assert (plan.positions, note) == ({}, "")
+    (tmp_path / "bad.conf").write_text("Nodes=n[1-2]\n")  # no SwitchName: Slurm refuses it too
+    bad = LaunchConfig(job="llm", topology_conf=str(tmp_path / "bad.conf"))
+    plan, note = launch_env.read_positions(plan_launch(bad, env), bad, env)
+    assert plan.positions == {} and "without network positions" in note
+    assert launch_env.topology_conf_path(LaunchConfig(job="llm"), {}) == "/etc/slurm/topology.conf"

@@ -251,13 +251,26 @@ _OPTION_NAMES = {"publish_timeout_s": "--publish-timeout"}
     show_default=True,
     help="Seconds rank 0 keeps trying to publish the spec (training runs meanwhile).",
 )
+@click.option(
+    "--topology-conf",
+    default="",
+    help="Slurm's topology.conf, for the nodes' network positions in the job spec "
+    "(default: beside $SLURM_CONF or /etc/slurm/slurm.conf; absent: no positions).",
+)
+@click.option(
+    "--topology-pod-level",
+    type=int,
+    default=1,
+    show_default=True,
+    help="A node's pod is the switch this many levels above its rack's.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None:
     """Run one Slurm task of a training job: CMD with its rank's environment; rank 0 publishes the
     job spec.  Use after srun: srun trainguard launch --job J --tp 8 -- python train.py"""
     # Here, not at the top: every `trainguard` command would pay for the Slurm parsing imports.
-    from trainguard.launch_env import LaunchConfig, LaunchError, plan_launch
+    from trainguard.launch_env import LaunchConfig, LaunchError, plan_launch, read_positions
 
     if not command:
         raise click.UsageError("give the training command after --: trainguard launch --job J -- CMD ARGS...")
@@ -269,6 +282,10 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
         plan = plan_launch(cfg, os.environ)
     except LaunchError as exc:
         raise click.ClickException(f"{PREFIX} {exc}") from None
+    if plan.publishes:  # only the spec needs them: rank 0 reads the file, not every task
+        plan, note = read_positions(plan, cfg, os.environ)
+        if note:
+            say(note)
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         # kafka-python logs every refused connection; the launcher says once what failed.
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
