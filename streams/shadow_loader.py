@@ -164,11 +164,17 @@ def _torch_module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def _worker_died(exc: BaseException) -> bool:
-    """Whether ``exc`` is the DataLoader's report of a worker that exited (not a dataset error,
-    which the DataLoader re-raises as its own type with "Caught ... in DataLoader worker")."""
+def _lane_broke(exc: BaseException, workers_alive: bool) -> bool:
+    """Whether a lane's error is the lane failing -- a worker that exited ("DataLoader worker
+    (pid N) exited unexpectedly"), the pipe to a killed worker breaking mid-message -- rather
+    than the dataset's own error, which torch re-raises with "Caught X in DataLoader worker
+    process N" (of any type: a dataset may raise ConnectionResetError too)."""
     text = str(exc)
-    return isinstance(exc, RuntimeError) and text.startswith("DataLoader worker (pid")
+    if "in DataLoader worker process" in text:
+        return False
+    if text.startswith("DataLoader worker (pid"):
+        return True
+    return isinstance(exc, OSError | EOFError) or not workers_alive
 
 
 class _Lane:
@@ -198,6 +204,7 @@ class _Lane:
             # killed on purpose must not raise in the training loop.  Its slice is empty: the
             # workers start and wait.
             self.iterator = iter(self.loader)
+            self._unregister()
         except BaseException as exc:
             self.start_error = exc
             self.started.set()
@@ -240,20 +247,29 @@ class _Lane:
     def workers(self) -> list[Any]:
         return list(getattr(self.iterator, "_workers", None) or [])
 
+    def workers_alive(self) -> bool:
+        return all(w.is_alive() for w in self.workers())
+
+    def _unregister(self) -> None:
+        """Take this lane's workers out of torch's SIGCHLD watch.  Torch raises "worker killed"
+        *in the main thread, wherever it is* when a registered worker dies and any loader of the
+        process installed the handler (one made in the main thread does): a dead lane would then
+        crash the training step instead of being taken over.  The lane watches its workers
+        itself (:meth:`workers_alive`, and torch's own check while it waits for a batch)."""
+        it = self.iterator
+        if it is not None and getattr(it, "_worker_pids_set", False):
+            with contextlib.suppress(Exception):
+                signal_handling = _torch_module("torch.utils.data._utils.signal_handling")
+                signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+
     def kill(self) -> None:
         """Stop a failed lane at once: its workers are killed (a hung worker would not heed the
         DataLoader's own shutdown for 5 s each), then its thread, freed by their death, cleans up."""
         if self.killed:
             return
         self.killed = True
-        it = self.iterator
-        if it is not None and getattr(it, "_worker_pids_set", False):
-            # Unregister the pids first: a SIGCHLD handler installed by another loader of this
-            # process would otherwise raise "worker killed" in the training loop.
-            with contextlib.suppress(Exception):
-                signal_handling = _torch_module("torch.utils.data._utils.signal_handling")
-                signal_handling._remove_worker_pids(id(it))
-                it._worker_pids_set = False
+        self._unregister()
         for w in self.workers():
             with contextlib.suppress(Exception):
                 w.kill()
@@ -392,13 +408,16 @@ class ShadowLoader:
                 if lane.needs_iter:
                     kind, value = lane.call("iter", limit)
                     if kind == _ERROR:
-                        raise self._judge(value, time.perf_counter() - t0, limit)
+                        raise self._judge(lane, value, time.perf_counter() - t0, limit)
                     lane.needs_iter = False
                 kind, value = lane.call("next", limit)
                 if kind == _ERROR:
-                    raise self._judge(value, time.perf_counter() - t0, limit)
+                    raise self._judge(lane, value, time.perf_counter() - t0, limit)
             except _Failed as failure:
                 failure.waited_s = time.perf_counter() - t0
+                if failure.reason == "stalled" and not lane.workers_alive():
+                    # Torch notices a dead worker only after 5 s of silence; the lane is dead, not slow.
+                    failure.reason = "died"
                 self._take_over(failure)
                 continue
             break
@@ -412,10 +431,10 @@ class ShadowLoader:
             self._cold = False
         return value if kind == _BATCH else _END
 
-    def _judge(self, exc: BaseException, waited_s: float, limit: float | None) -> BaseException:
-        """A lane's error: a worker's death is the lane failing; anything else (the dataset's own
+    def _judge(self, lane: _Lane, exc: BaseException, waited_s: float, limit: float | None) -> BaseException:
+        """A lane's error: its workers dying is the lane failing; anything else (the dataset's own
         exception, re-raised by the DataLoader) is the training job's, raised as it is."""
-        if _worker_died(exc) and not self._gave_up:
+        if _lane_broke(exc, lane.workers_alive()) and not self._gave_up:
             return _Failed("died", waited_s, limit or 0.0, exc)
         return exc
 

@@ -4,11 +4,13 @@
 --ranks-per-machine 2 --machines m0,m1,m2,m3 --master-port 29600 --steps 100 [--resume]``
 (:meth:`LaunchSpec.to_argv` writes the full flag list; :mod:`.launcher` starts every rank).
 
-Per step the rank polls its machine's faults and the code version (in-place hot update), runs the
-pipeline schedule, averages gradients over DP, clips by the global norm, steps AdamW (with
-``--nan-check``, a non-finite loss then raises ``FloatingPointError``), hands a snapshot to the
-checkpoint writer every ``--checkpoint-every`` steps (default 1: every step), reports
-``loss``/``grad_norm``/``tokens`` through :class:`streams.reporter.Reporter` and rewrites its progress file
+Per step the rank takes its batch from its DataLoader (:mod:`.data`: a shuffled share of the
+corpus per DP replica, through the shadow loader unless ``--no-shadow-loader``), polls its
+machine's faults and the code version (in-place hot update), runs the pipeline schedule, averages
+gradients over DP, clips by the global norm, steps AdamW (with ``--nan-check``, a non-finite loss
+then raises ``FloatingPointError``), hands a snapshot with the data position to the checkpoint
+writer every ``--checkpoint-every`` steps (default 1: every step), reports ``loss``/``grad_norm``/
+``tokens``/``data_wait_s`` through :class:`streams.reporter.Reporter` and rewrites its progress file
 ``machines/<m>/run/<job>/rank-R.json`` (``step``, ``loss``, ``ts``, ``status`` ...), whose stale
 ``ts`` is what a hang looks like from outside.  Failures raise: the traceback goes to stderr and
 the exit code is 1 (or the signal's, for ``crash`` with a signal).

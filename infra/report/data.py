@@ -47,6 +47,8 @@ class ReportData:
     standbys: list[dict[str, Any]]
     decisions: list[dict[str, Any]]  # every decision, "evidence" parsed
     detection_latency: list[dict[str, Any]] = field(default_factory=list)
+    #: the shadow loaders' takeovers and give-ups (``loader_takeovers`` rows).
+    loaders: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -178,4 +180,5 @@ def load(
         standbys=named.get("standby_use").run(store, job=job, since_ms=since_ms),
         decisions=decisions,
         detection_latency=named.get("detection_latency").run(store, job=job, since_ms=since_ms),
+        loaders=named.get("loader_takeovers").run(store, job=job, since_ms=since_ms),
     )

@@ -391,6 +391,18 @@ def render(data: ReportData) -> str:
         [_e(_t(s["ts_ms"])), _e(s["step"]), _e(s["detail"]), f"{float(s['duration_ms']) / 1000:.1f}"]
         for s in data.standbys
     ]
+    loader_rows = [
+        [
+            _e(_t(r["ts_ms"])),
+            _e(r["node"]),
+            str(r["rank"]),
+            _e(r["event"]),
+            _e(r["reason"]),
+            f"{float(r['stalled_s']):.2f}",
+            f"{float(r['takeover_s']):.3f}",
+        ]
+        for r in data.loaders
+    ]
     lat_rows = [
         [
             _e(r["kind"]),
@@ -436,6 +448,10 @@ def render(data: ReportData) -> str:
 {_table(["evicted", "machine", "fault", "outcome", "decision"], ev_rows)}
 <h3>Standby pool</h3>
 {_table(["time", "step", "detail", "took s"], sb_rows, {3})}
+<h3>Data loaders</h3>
+<p class="note">Hung or dead loaders the ranks' shadow loaders took over in place (no decision, no
+restart), and shadow loaders that gave up.</p>
+{_table(["time", "node", "rank", "event", "reason", "stalled s", "takeover s"], loader_rows, {2, 5, 6})}
 <h2>Decisions and their evidence</h2>
 {_decisions_html(data)}
 <div id="tg-render-check" hidden></div>

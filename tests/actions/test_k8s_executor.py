@@ -224,3 +224,38 @@ def test_rbac_denies_the_rest(k8s_cluster: K8sCluster) -> None:
         core.list_namespaced_secret("training")
     assert err.value.status == 403
     api.close()
+
+
+def test_positions_from_node_labels_and_a_standby_where_the_planner_asks(
+    k8s_cluster: K8sCluster, k8s_job: Any
+) -> None:
+    """Topology-aware placement on the real API server: the nodes' pod and rack come from their
+    labels (Topograph's spine/leaf keys where set, else the zone the stack gives every node:
+    pod-0 for n1-n6, pod-1 from n7), and a standby starts on the node the planner names, not on
+    the first free one."""
+    from actions.positions import POD_LABELS, RACK_LABELS
+
+    name, ex, out = k8s_job
+    core = admin(k8s_cluster)
+    spine, leaf = POD_LABELS[0], RACK_LABELS[0]
+    labels = {"n1": {spine: "spine-a", leaf: "leaf-1"}, "n2": {spine: "spine-a", leaf: "leaf-2"}}
+    try:
+        for node, values in labels.items():
+            core.patch_node(node, {"metadata": {"labels": values}})
+        pos = ex.machine_positions(["n1", "n2", "n3", "n7"])
+        assert {m: (p.pod, p.rack) for m, p in pos.items()} == {
+            "n1": ("spine-a", "leaf-1"),
+            "n2": ("spine-a", "leaf-2"),
+            "n3": ("pod-0", ""),
+            "n7": ("pod-1", ""),
+        }
+        spec = make_spec(name, ["n1", "n2"])
+        ex.restart(spec, ctx("restart"))
+        free = ex.free_machines(name)
+        assert "n7" in free and not {"n1", "n2"} & set(free)
+        assert free.index("n7") > 0  # not the first free node: the planner's choice, not the order
+        assert ex.provision_standbys_on(name, ["n7"], ctx("replenish")) == ["n7"]
+        wait_until(lambda: beat(out, "n7", "standby"), 30, "the standby process on n7")
+    finally:
+        for node, values in labels.items():
+            core.patch_node(node, {"metadata": {"labels": dict.fromkeys(values)}})

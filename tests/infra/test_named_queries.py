@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from detectors.node_inspector import NodeInspector
 from infra.clickhouse import named
 from infra.clickhouse.named import QueryError
 from infra.clickhouse.store import ClickHouseStore
 from schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, Detection, Targets
 from schemas.enums import Action, Severity
-from schemas.workload import TrainingStep
+from schemas.workload import LogLine, TrainingStep
+from streams.shadow_loader import LoaderEvent
 
 T0 = 1_795_000_000_000
 
@@ -31,6 +33,7 @@ def test_the_package_ships_the_postmortem_queries() -> None:
         "top_fault_machines",
         "standby_use",
         "placement",
+        "loader_takeovers",
         "dead_letters",
     }
     assert wanted <= set(ALL)
@@ -270,3 +273,29 @@ def test_every_query_runs_on_an_empty_database(store: ClickHouseStore) -> None:
             assert rows[0][cols.index("ettr")] == 0
         else:
             assert rows == [], q.name
+
+
+def test_loader_takeovers(store: ClickHouseStore) -> None:
+    """The shadow loader's lines, as a rank's reporter sends them and the worker's node inspector
+    turns them into detections (a takeover on n2, a give-up on n5), listed with their numbers."""
+    inspector = NodeInspector()
+    events = [
+        LoaderEvent("takeover", "stalled", stalled_s=1.03, threshold_s=1.0, takeover_s=0.041, from_lane=1,
+                    to_lane=2, epoch=2, offset=64, consumed=1184),
+        LoaderEvent("gave_up", "died", stalled_s=0.2, from_lane=4, takeovers=3, epoch=0, offset=8),
+    ]  # fmt: skip
+    dets = []
+    for i, (node, rank, event) in enumerate([("n2", 4, events[0]), ("n5", 1, events[1])]):
+        line = LogLine(node=node, ts_ms=T0 + i * 1000, source="trainguard", line=event.line(), job="jl",
+                       rank=rank, seq=i + 1)  # fmt: skip
+        dets += inspector.inspect(line, T0 + i * 1000 + 200)
+    store.insert_events(dets)
+    rows = ALL["loader_takeovers"].run(store, job="jl")
+    assert [
+        (r["node"], r["rank"], r["event"], r["reason"], r["stalled_s"], r["takeover_s"]) for r in rows
+    ] == [
+        ("n2", 4, "loader_takeover", "stalled", 1.03, 0.041),
+        ("n5", 1, "loader_failed", "died", 0.0, 0.0),
+    ]
+    assert rows[0]["ts_ms"] == T0 and rows[0]["line"] == events[0].line()
+    assert ALL["loader_takeovers"].run(store, job="jl", since_ms=T0 + 500)[0]["node"] == "n5"

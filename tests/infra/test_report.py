@@ -83,11 +83,32 @@ def _job_events(job: str, incidents: list[tuple[int, str, str]], stall_s: int = 
 
 
 INCIDENTS = [(40, "m1", "gpu_unavailable"), (120, "m2", "job_hang"), (200, "m3", "network_error")]
+TAKEOVER = (
+    "trainguard shadow loader: took over from loader 1 (stalled: no batch for 1.02 s, threshold 1.00 s) "
+    "with loader 2 in 0.041 s at epoch 3 sample 120 (consumed 9000)"
+)
+
+
+def _takeover(job: str) -> Detection:
+    """A hung loader on m2 that rank 4's shadow loader took over at second 160 (no decision)."""
+    return Detection(
+        detection_id=f"{job}-loader", ts_ms=T0 + 160_400, job=job, kind="shadow-loader-takeover",
+        category="loader_takeover", severity=Severity.WARNING, action=Action.IGNORE, node="m2",
+        source_ts_ms=T0 + 160_000,
+        evidence={"rule": "shadow-loader-takeover", "line": TAKEOVER, "rank": 4, "reason": "stalled",
+                  "stalled_s": "1.02", "takeover_s": "0.041"},
+    )  # fmt: skip
 
 
 @pytest.fixture
 def report_store(store: ClickHouseStore) -> ClickHouseStore:
-    store.insert_events([*_job_events("job", INCIDENTS), *_job_events("job-baseline", INCIDENTS, stall_s=60)])
+    store.insert_events(
+        [
+            *_job_events("job", INCIDENTS),
+            *_job_events("job-baseline", INCIDENTS, stall_s=60),
+            _takeover("job"),
+        ]
+    )
     return store
 
 
@@ -100,8 +121,12 @@ def test_report_data_from_the_named_queries(report_store: ClickHouseStore) -> No
     assert data.baseline is not None
     assert float(data.baseline.ettr["ettr"]) < float(data.job.ettr["ettr"]) < 1.0
     assert data.job.cumulative[-1][1] == pytest.approx(float(data.job.ettr["ettr"]), abs=0.01)
+    assert [(r["node"], r["rank"], r["event"], r["stalled_s"], r["takeover_s"]) for r in data.loaders] == [
+        ("m2", 4, "loader_takeover", 1.02, 0.041)
+    ]
     page = render(data)
     assert page.count("id='dec-") == 3 and "hang_forever (faults.py)" in page
+    assert "<td>loader_takeover</td>" in page and ">0.041<" in page  # the data-loader table
     # nothing fetched at view time: no external script, style sheet or image
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=[\"']?https?:", page)
 
@@ -136,7 +161,13 @@ def server_store(stack_settings: Settings) -> Iterator[ClickHouseStore]:
     data test above runs on both)."""
     st = ClickHouseStore(replace(stack_settings.clickhouse, database=f"tgtest_{uuid.uuid4().hex[:10]}"))
     st.migrate()
-    st.insert_events([*_job_events("job", INCIDENTS), *_job_events("job-baseline", INCIDENTS, stall_s=60)])
+    st.insert_events(
+        [
+            *_job_events("job", INCIDENTS),
+            *_job_events("job-baseline", INCIDENTS, stall_s=60),
+            _takeover("job"),
+        ]
+    )
     yield st
     st.command(f"DROP DATABASE IF EXISTS {st.cfg.database}")
     st.close()
