@@ -5,7 +5,8 @@
 Reads the summaries `trainguard demo --summary-json` wrote (``bench/demo_runs.py`` keeps one per
 run) and prints a Markdown table, one row per fault of the scenario: the median over the runs of
 ``detect`` (injection -> first detection), ``localise`` (-> a decision naming machines), ``decide``
-(-> the acting decision), each recovery step as the action service timed it (``replenish`` runs
+(-> the acting decision), ``takeover`` (a hung loader its shadow loader took over: injection ->
+the takeover), each recovery step as the action service timed it (``replenish`` runs
 after the restart, so training does not wait for it), ``first_step`` (the restart's end -> the
 first training step) and ``recovered`` (injection -> stepping again).  A phase an incident did not
 have (a tolerated NIC flap restarts nothing) is left out of its median; "-" where no run had it.
@@ -40,7 +41,7 @@ def collect(
                 values[fault] = {}
             cols = values[fault]
             phases = inc.get("phases") or {}
-            for name in (*PHASES, "first_step"):
+            for name in (*PHASES, "takeover", "first_step"):
                 if phases.get(name) is not None:
                     cols.setdefault(name, []).append(float(phases[name]))
             for step, seconds in (phases.get("steps") or {}).items():
@@ -69,8 +70,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(table, indent=2))
         return 0
-    cols = [*PHASES, *(f"step:{s}" for s in steps), "first_step", "recovered"]
-    heads = [*PHASES, *steps, "first step", "recovered"]
+    # A hung loader its shadow loader took over: injection -> the takeover (no recovery steps).
+    takeover = ["takeover"] if any("takeover" in cols for cols in values.values()) else []
+    cols = [*PHASES, *takeover, *(f"step:{s}" for s in steps), "first_step", "recovered"]
+    heads = [*PHASES, *takeover, *steps, "first step", "recovered"]
     print(f"median of {len(summaries)} run(s), seconds")
     print("| fault | " + " | ".join(heads) + " |")
     print("|---|" + "---:|" * len(heads))

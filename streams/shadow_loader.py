@@ -11,11 +11,15 @@ stall itself.  :class:`ShadowLoader` is that, for a standard ``torch.utils.data.
   own.  The active lane serves batches; the standby lane's workers are started (forked, the
   dataset and ``worker_init_fn`` ready) and idle, with nothing to read.
 * **Exact position.**  Both lanes read the same :class:`~streams.data_position.DataPosition`:
-  their sampler yields ``(epoch seed, index)`` keys of the position's current epoch from its
-  offset, and :class:`~streams.data_position.SeededSamples` seeds each item from its key, so the
-  standby produces, batch for batch, the samples the active lane would have (and a checkpoint
-  taken after a takeover resumes exactly).  The position advances only by the batches handed to
-  the training loop, so nothing the hung lane had prefetched is skipped or seen twice.
+  a lane's batch sampler is a *plan* -- the batches of ``(epoch seed, index)`` keys from the
+  position on, epoch after epoch without end (each epoch's order, batched as a DataLoader with
+  the same ``batch_size`` and ``drop_last`` would) -- and :class:`~streams.data_position.
+  SeededSamples` seeds each item from its key, so the standby produces, batch for batch, the
+  samples the active lane would have (and a checkpoint taken after a takeover resumes exactly,
+  on a plain loader too).  The position advances only by the batches handed to the training
+  loop, so nothing the hung lane had prefetched is skipped or seen twice; and a lane's workers
+  prefetch across epoch boundaries (a loader restarted per epoch made every rank wait for its
+  first batch at once, a stall the hang detector saw).
 * **Takeover.**  The training loop waits for each batch at most a threshold: the larger of
   ``takeover_after_s`` and ``wait_factor`` x the p99 of its recent waits (a loader that is always
   slow is not a hung one).  When the active lane passes it without a batch, or its workers die,
@@ -68,7 +72,8 @@ log = logging.getLogger(__name__)
 
 #: the prefix of every line the shadow loader logs (the rule table matches on it).
 LINE_PREFIX = "trainguard shadow loader:"
-#: DataLoader arguments the shadow loader sets itself.
+#: DataLoader arguments the shadow loader sets itself (``batch_size`` and ``drop_last`` it takes
+#: and makes its lanes' plans with).
 _OWN_ARGS = ("sampler", "batch_sampler", "shuffle", "persistent_workers", "timeout", "dataset")
 
 
@@ -133,18 +138,52 @@ class LoaderEvent:
         return f"{LINE_PREFIX} standby loader {self.to_lane} failed to start: {self.reason}"
 
 
-class _KeyedSlice:
-    """A lane's sampler: the ``(epoch seed, index)`` keys it was last pointed at (set and iterated
-    by the lane's thread, at each ``iter()`` of its loader)."""
+Key = tuple[int, int]
+#: one planned batch: its epoch, the epoch's offset after it, its keys.
+Planned = tuple[int, int, list[Key]]
+
+
+def plan(position: DataPosition, batch_size: int, drop_last: bool) -> Iterator[Planned]:
+    """The batches from ``position`` on, epoch after epoch without end, as a DataLoader over the
+    position's sampler would make them (``batch_size``, ``drop_last``: an epoch's short tail is
+    dropped).  The position is read now; the plan does not follow it.
+
+    >>> from streams.data_position import ResumableSampler
+    >>> p = DataPosition(ResumableSampler(5, shuffle=False))
+    >>> p.sampler.offset = 2
+    >>> batches = plan(p, 2, drop_last=True)
+    >>> [(e, off, [i for _, i in keys]) for (e, off, keys), _ in zip(batches, range(4))]
+    [(0, 4, [2, 3]), (1, 2, [0, 1]), (1, 4, [2, 3]), (2, 2, [0, 1])]
+    """
+    return _batches_from(position, position.sampler.epoch, position.sampler.offset, batch_size, drop_last)
+
+
+def _batches_from(
+    position: DataPosition, epoch: int, offset: int, batch_size: int, drop_last: bool
+) -> Iterator[Planned]:
+    sampler = position.sampler
+    while True:
+        order, seed = sampler.order(epoch), position.epoch_seed(epoch)
+        for start in range(offset, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            if len(chunk) < batch_size and drop_last:
+                break
+            yield epoch, start + len(chunk), [(seed, i) for i in chunk]
+        epoch, offset = epoch + 1, 0
+
+
+class _Plan:
+    """A lane's batch sampler: the keys of :func:`plan` (replaced by the lane's thread at each
+    ``iter()`` of its loader; empty until the lane is pointed)."""
 
     def __init__(self) -> None:
-        self.keys: list[tuple[int, int]] = []
+        self.batches: Iterator[Planned] = iter(())
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter(self.keys)
+    def __iter__(self) -> Iterator[list[Key]]:
+        return (keys for _, _, keys in self.batches)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return 1 << 62  # without end; a DataLoader of a map-style dataset never needs it
 
 
 class _Failed(Exception):
@@ -180,19 +219,19 @@ def _lane_broke(exc: BaseException, workers_alive: bool) -> bool:
 class _Lane:
     """One DataLoader with persistent workers, and the thread that calls its iterator."""
 
-    def __init__(self, number: int, make_loader: Callable[[_KeyedSlice], Any]) -> None:
+    def __init__(self, number: int, make_loader: Callable[[_Plan], Any]) -> None:
         self.number = number
-        self.keys = _KeyedSlice()
-        self.loader = make_loader(self.keys)
+        self.plan = _Plan()
+        self.loader = make_loader(self.plan)
         self.iterator: Any = None
         self.started = threading.Event()
         self.start_error: BaseException | None = None
-        #: the keys the lane is to read next (sent with its next "iter") and whether that is due.
-        self.pointed: list[tuple[int, int]] = []
+        #: the plan the lane is to read next (sent with its next "iter") and whether that is due.
+        self.pointed: Iterator[Planned] = iter(())
         self.needs_iter = False
         self.killed = False
         self._outstanding: str | None = None
-        self._requests: queue.SimpleQueue[tuple[str, list[tuple[int, int]]] | None] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[tuple[str, Iterator[Planned]] | None] = queue.SimpleQueue()
         self._replies: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"trainguard-loader-{number}", daemon=True)
         self._thread.start()
@@ -201,7 +240,7 @@ class _Lane:
         try:
             # In this thread, not the training loop's: the iterator starts its workers here, and
             # torch installs its SIGCHLD handler only from the main thread -- a lane's workers
-            # killed on purpose must not raise in the training loop.  Its slice is empty: the
+            # killed on purpose must not raise in the training loop.  Its plan is empty: the
             # workers start and wait.
             self.iterator = iter(self.loader)
             self._unregister()
@@ -211,11 +250,11 @@ class _Lane:
             return
         self.started.set()
         while (request := self._requests.get()) is not None:
-            op, keys = request
+            op, batches = request
             reply: tuple[str, Any]
             try:
                 if op == "iter":
-                    self.keys.keys = keys
+                    self.plan.batches = batches
                     self.iterator = iter(self.loader)  # persistent workers: a reset, no new processes
                     reply = (_OK, None)
                 else:
@@ -228,12 +267,12 @@ class _Lane:
         self._shutdown()
 
     def call(self, op: str, limit_s: float | None) -> tuple[str, Any]:
-        """Ask the lane's thread for ``op`` ("iter": start reading ``pointed`` keys; "next": a
+        """Ask the lane's thread for ``op`` ("iter": start reading the ``pointed`` plan; "next": a
         batch) and wait ``limit_s`` for the answer (None: forever).  A request that was not
         answered in time stays the lane's outstanding one: asking again waits for its answer."""
         if self._outstanding is None:
             self._outstanding = op
-            self._requests.put((op, self.pointed if op == "iter" else []))
+            self._requests.put((op, self.pointed if op == "iter" else iter(())))
         elif self._outstanding != op:
             raise RuntimeError(f"lane {self.number}: {op!r} asked while {self._outstanding!r} is unanswered")
         t0 = time.perf_counter()
@@ -320,8 +359,11 @@ class ShadowLoader:
             )
         self.dataset = dataset if isinstance(dataset, SeededSamples) else SeededSamples(dataset)
         self.position = position
-        self.loader_args = dict(loader_args)
+        self.loader_args = {k: v for k, v in loader_args.items() if k not in ("batch_size", "drop_last")}
         self.batch_size = size
+        self.drop_last = bool(loader_args.get("drop_last", False))
+        #: the batches the active lane will deliver, in order (the main thread's copy of its plan).
+        self._expected: Iterator[Planned] = iter(())
         self.config = config or ShadowLoaderConfig()
         self.on_event = on_event
         #: seconds the training loop waited for its last batch (``data_wait_s``), takeovers included.
@@ -339,22 +381,22 @@ class ShadowLoader:
         self._closed = False
 
     # -- lanes ----------------------------------------------------------------------------------
-    def _make_loader(self, keys: _KeyedSlice) -> Any:
+    def _make_loader(self, batches: _Plan) -> Any:
         DataLoader = _torch_module("torch.utils.data").DataLoader
         # SeededSamples is a map-style dataset by protocol (``__getitem__``, ``__len__``), not a
         # subclass of torch's Dataset, which streams does not import at module level.
         dataset: Any = self.dataset
-        return DataLoader(dataset, sampler=keys, persistent_workers=True, **self.loader_args)
+        return DataLoader(dataset, batch_sampler=batches, persistent_workers=True, **self.loader_args)
 
     def _new_lane(self) -> _Lane:
         self._lanes += 1
         return _Lane(self._lanes, self._make_loader)
 
     def _point(self, lane: _Lane) -> None:
-        """Point ``lane`` at the position: the rest of the current epoch."""
-        sampler = self.position.sampler
-        seed = self.position.epoch_seed()
-        lane.pointed = [(seed, i) for i in sampler.order(sampler.epoch)[sampler.offset :]]
+        """Point ``lane`` at the position: its plan from here on (and the same plan, for the
+        loop's accounting, as what to expect)."""
+        lane.pointed = plan(self.position, self.batch_size, self.drop_last)
+        self._expected = plan(self.position, self.batch_size, self.drop_last)
         lane.needs_iter = True
 
     @property
@@ -370,16 +412,16 @@ class ShadowLoader:
         sampler = self.position.sampler
         self._active = self._new_lane()
         self._standby = self._new_lane()
+        self._point(self._active)
         try:
             while True:
-                if len(sampler) > 0:
-                    self._point(self._active)
-                    while (batch := self._fetch()) is not _END:
-                        taken = min(self.batch_size, len(sampler))
-                        sampler.offset += taken
-                        self.position.consumed += taken
-                        yield batch
-                sampler.set_epoch(sampler.epoch + 1)
+                batch = self._fetch()
+                epoch, offset, keys = next(self._expected)
+                if epoch != sampler.epoch:
+                    sampler.set_epoch(epoch)
+                sampler.offset = offset
+                self.position.consumed += len(keys)
+                yield batch
         finally:
             self.close()
 
@@ -397,8 +439,7 @@ class ShadowLoader:
         return max(cfg.takeover_after_s, cfg.wait_factor * p99)
 
     def _fetch(self) -> Any:
-        """The active lane's next batch of this epoch (``_END`` after its last), taking over
-        from it while it fails."""
+        """The active lane's next batch, taking over from it while it fails."""
         t0 = time.perf_counter()
         while True:
             lane = self._active
@@ -425,11 +466,12 @@ class ShadowLoader:
         self.last_wait_s = now - t0
         if self._pending is not None:
             self._finish_takeover(now)
-        elif kind == _BATCH and not self._cold:
+        elif not self._cold:
             self._waits.append(self.last_wait_s)
-        if kind == _BATCH:
-            self._cold = False
-        return value if kind == _BATCH else _END
+        self._cold = False
+        if kind != _BATCH:  # a plan has no end: a lane that ends is broken
+            raise RuntimeError(f"shadow loader: loader {self._active.number if self._active else '?'} ended")
+        return value
 
     def _judge(self, lane: _Lane, exc: BaseException, waited_s: float, limit: float | None) -> BaseException:
         """A lane's error: its workers dying is the lane failing; anything else (the dataset's own

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -49,9 +50,19 @@ class CorpusWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return window[:-1], window[1:]
 
 
+def collate_numpy(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[np.ndarray, np.ndarray]:
+    """A batch as two numpy arrays (the training loop makes them tensors, without a copy).
+
+    A batch of tensors crosses from a worker by passing a file descriptor per tensor, which needs
+    the worker's sharing thread to run: on this 2-core host at nice 10 the loop then waited
+    35 ms (median, p90 63 ms) for a batch its worker had ready; small numpy arrays are pickled
+    inline: 3 ms (measured with three busy processes beside the loader, 60 steps)."""
+    return np.stack([x.numpy() for x, _ in items]), np.stack([y.numpy() for _, y in items])
+
+
 #: DataLoader arguments of both paths besides the batch size and workers: an epoch's last,
 #: partial batch is dropped (the pipeline splits a batch into equal micro-batches).
-LOADER_ARGS: dict[str, Any] = {"drop_last": True, "prefetch_factor": 2}
+LOADER_ARGS: dict[str, Any] = {"drop_last": True, "prefetch_factor": 2, "collate_fn": collate_numpy}
 
 
 def plain_batches(data: CorpusWindows, position: DataPosition, rows: int, workers: int) -> Any:

@@ -216,8 +216,9 @@ def run_rank(spec: LaunchSpec, rank: int) -> int:
         t_prev = time.perf_counter()
         for step in range(start + 1, spec.steps + 1):
             t_wait = time.perf_counter()
-            x, y = next(batches)  # blocks while the loader has no batch ready
+            xs, ys = next(batches)  # blocks while the loader has no batch ready
             data_wait_s = time.perf_counter() - t_wait
+            x, y = torch.from_numpy(xs), torch.from_numpy(ys)
             if batch_log is not None:
                 batch_log.write(f"{step} {_batch_digest(x, y)}\n")
                 batch_log.flush()

@@ -34,3 +34,13 @@ def test_the_median_is_taken_per_fault_over_runs() -> None:
     table = medians(values)
     assert table["xid"]["detect"] == (0.99 + 10.99) / 2  # two runs had it
     assert table["crash"]["detect"] == 0.39  # the middle of 0.39, 0.39, 10.39
+
+
+def test_a_loader_taken_over_in_place_has_a_takeover_and_no_recovery_steps() -> None:
+    """A real run's three hung loaders, each taken over by its rank's shadow loader (at b4c4231)."""
+    summary = json.loads((SUMMARY.parent / "summary-shadow-loader.json").read_text())
+    faults, steps, values = collect([summary])
+    assert faults == ["hang-dataloader"] and steps == []
+    row = medians(values)["hang-dataloader"]
+    assert set(row) == {"detect", "takeover", "first_step", "recovered"}
+    assert (row["takeover"], row["recovered"]) == (1.51, 1.65)

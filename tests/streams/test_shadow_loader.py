@@ -109,6 +109,31 @@ def test_reads_what_a_plain_loader_reads(tmp_path: Path) -> None:
     assert shadow.last_wait_s < 5
 
 
+def test_drop_last_across_epochs_and_a_checkpoint_at_an_epochs_tail(tmp_path: Path) -> None:
+    """With ``drop_last`` each epoch's short tail (2 of 30 samples) is dropped, as a plain loader
+    drops it; the lane's workers read on into the next epoch without a restart, and a position
+    saved after an epoch's last full batch resumes, on a plain loader, at the next epoch."""
+    position = _position()
+    plain = DataLoader(SeededSamples(Flaky(tmp_path)), batch_size=BATCH, sampler=position.sampler,
+                       num_workers=2, generator=position.generator, drop_last=True)  # fmt: skip
+    want = _take(position.batches(plain), 22)  # 7 full batches per epoch: three epochs and a bit
+    shadow_position = _position()
+    shadow = ShadowLoader(Flaky(tmp_path), shadow_position, {"batch_size": BATCH, "num_workers": 2,
+                          "drop_last": True}, FAST)  # fmt: skip
+    batches = shadow.batches()
+    got = _take(batches, 7)
+    state = shadow_position.state_dict()
+    assert (state["epoch"], state["offset"], state["consumed"]) == (0, 28, 28)
+    got += _take(batches, 15)
+    shadow.close()
+    assert got == want
+    resumed = _position()
+    resumed.load_state_dict(state)
+    loader = DataLoader(SeededSamples(Flaky(tmp_path)), batch_size=BATCH, sampler=resumed.sampler,
+                        num_workers=2, generator=resumed.generator, drop_last=True)  # fmt: skip
+    assert _take(resumed.batches(loader), 15) == want[7:]
+
+
 def test_hung_worker_is_taken_over_in_place_on_the_same_stream(tmp_path: Path) -> None:
     want = _reference(tmp_path, 24)
     (tmp_path / "hang-7").touch()  # read in the middle of epoch 0 or 1 (the order is shuffled)
