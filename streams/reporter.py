@@ -570,16 +570,7 @@ class Reporter:
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
         text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
         name = args.thread.name if args.thread is not None else "?"
-        self._send(
-            LogLine(
-                node=self.node,
-                ts_ms=time.time_ns() // 1_000_000,
-                source="stderr",
-                job=self.job,
-                rank=self.rank,
-                line=f"uncaught exception in thread {name}: {text}"[-65_536:],
-            )
-        )
+        self.log(f"uncaught exception in thread {name}: {text}", source="stderr")
         self._prev_thread_hook(args)
 
     def _atexit(self) -> None:
