@@ -2,7 +2,7 @@
 file and ``TRAINGUARD__ACTIONS__*`` variables.  One dataclass; unknown keys are errors.
 
 The executor's own options live in ``executor_options`` and are validated by the config class the
-executor registered (:mod:`actions.executors.base`), so a Kubernetes or Slurm executor adds its
+executor registered (:mod:`trainguard.actions.executors.base`), so a Kubernetes or Slurm executor adds its
 settings without touching this file.
 """
 
@@ -12,8 +12,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.placement.config import PlacementConfig
-from schemas.typecheck import bounds
+from trainguard.detectors.placement.config import PlacementConfig
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ActionsConfig:
     leader_kubeconfig: str = ""
     #: a leader that could not renew for this long has lost (candidates wait this long).
     leader_lease_s: float = field(default=15.0, metadata=bounds(2, 600))
-    #: Prometheus ``/metrics`` endpoint (:mod:`actions.metrics`) while the service runs; "" or
+    #: Prometheus ``/metrics`` endpoint (:mod:`trainguard.actions.metrics`) while the service runs; "" or
     #: port 0: none.  Every interface: Prometheus scrapes it from elsewhere (the metrics carry no
     #: secret and act on nothing).  9402: beside the exporters' 9401 and the workers' 9400.
     metrics_host: str = field(default="0.0.0.0", metadata=bounds(max_len=255))
@@ -103,7 +103,7 @@ class ActionsConfig:
     #: pool size floor over the binomial rule (which gives 0 or 1 for small jobs).
     min_standbys: int = field(default=0, metadata=bounds(0, 10_000))
     #: which standby takes which evicted machine's place, and where new standbys go
-    #: (:mod:`detectors.placement`: Arnold's pod-spread objective; machine positions).
+    #: (:mod:`trainguard.detectors.placement`: Arnold's pod-spread objective; machine positions).
     placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     # --- code updates (§6.1) --------------------------------------------------------------------

@@ -8,8 +8,8 @@ many bad machines, and a job that crashes on every restart is live-locked, not r
 
 from __future__ import annotations
 
-from actions.config import ActionsConfig
-from actions.progress import ProgressStore
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.progress import ProgressStore
 
 HOUR_MS = 3600 * 1000
 

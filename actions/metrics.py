@@ -5,7 +5,7 @@ holds, dead letters).  The recoveries *now* in each state are read from the prog
 every scrape (:class:`StoreCollector`), not counted in memory: the store is the truth, and an
 operator's ``trainguard actions release`` / ``cancel`` changes it from another process.
 
-Label values are bounded: ``state`` a :class:`~actions.state.RecoveryState`, ``kind``/``step`` a
+Label values are bounded: ``state`` a :class:`~trainguard.actions.state.RecoveryState`, ``kind``/``step`` a
 step kind (or ``plan`` for a hold by the plan itself), ``guard`` one of :data:`GUARDS`,
 ``reason`` one of :data:`REJECT_REASONS`, ``stage`` a dead-letter stage of this service.
 """
@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from actions.progress import ProgressStore
-from actions.state import TERMINAL, RecoveryState
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.state import TERMINAL, RecoveryState
 
 log = logging.getLogger(__name__)
 

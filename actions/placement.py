@@ -1,9 +1,9 @@
 """The action service's topology-aware choices: which standby fills which evicted machine's slot,
-and which free machines become new standbys (:mod:`detectors.placement` decides; this gathers).
+and which free machines become new standbys (:mod:`trainguard.detectors.placement` decides; this gathers).
 
 Machine positions come from, in this order of precedence:
 
-1. the job's :class:`~schemas.control.JobSpec` (``positions``: what the launcher declared, and
+1. the job's :class:`~trainguard.schemas.control.JobSpec` (``positions``: what the launcher declared, and
    what earlier swaps learnt);
 2. configuration (``actions.placement.positions``);
 3. the executor, for the machines still unknown: an optional ``machine_positions(names)`` that
@@ -23,11 +23,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from actions.executors.base import Executor, StepContext
-from actions.standby import machine_names
-from detectors.placement import Groups, PlacementConfig, Replacement, choose_replacements, place_standbys
-from schemas.control import JobSpec
-from schemas.network import MachinePosition
+from trainguard.actions.executors.base import Executor, StepContext
+from trainguard.actions.standby import machine_names
+from trainguard.detectors.placement import (
+    Groups,
+    PlacementConfig,
+    Replacement,
+    choose_replacements,
+    place_standbys,
+)
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.network import MachinePosition
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ far: :func:`build_plan` is called again after each step, and since its inputs (t
 :class:`PlanContext` snapshot stored when the recovery started, the stored results) survive a
 restart, a resumed recovery re-plans exactly what it would have done.
 
->>> from schemas.control import Decision, Targets
->>> from schemas.enums import Action
+>>> from trainguard.schemas.control import Decision, Targets
+>>> from trainguard.schemas.enums import Action
 >>> d = Decision(decision_id="d", ts_ms=0, job="j", action=Action.EVICT,
 ...              targets=Targets(machines=["n1"], group_kind="machine"))
 >>> ctx = PlanContext(machines=("n0", "n1"), pp=1)
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from actions.state import RecoveryState
-from detectors.planning import PlanningError, locate_from_results, plan_dual_phase_replay
-from schemas.control import Decision
-from schemas.enums import Action
+from trainguard.actions.state import RecoveryState
+from trainguard.detectors.planning import PlanningError, locate_from_results, plan_dual_phase_replay
+from trainguard.schemas.control import Decision
+from trainguard.schemas.enums import Action
 
 
 class StepKind(StrEnum):

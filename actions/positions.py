@@ -20,9 +20,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from actions.executors.hostlist import expand_hostlist
-from schemas.network import MachinePosition
-from schemas.typecheck import convert
+from trainguard.actions.executors.hostlist import expand_hostlist
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.typecheck import convert
 
 #: label keys tried in order for the pod (spine group) and the rack (leaf switch).
 POD_LABELS: tuple[str, ...] = ("network.topology.nvidia.com/spine", "topology.kubernetes.io/zone")
@@ -39,7 +39,7 @@ def positions_from_mapping(data: Mapping[str, Any]) -> dict[str, MachinePosition
     >>> positions_from_mapping({"n1": {"pod": "p0", "row": 3}})
     Traceback (most recent call last):
     ...
-    schemas.typecheck.SchemaError: positions.n1: unknown field(s) 'row'
+    trainguard.schemas.typecheck.SchemaError: positions.n1: unknown field(s) 'row'
     """
     out: dict[str, MachinePosition] = convert(dict(data), dict[str, MachinePosition], "positions")
     return out

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actions.state import TERMINAL, RecoveryState, check_transition
-from schemas.codec import decode, encode
-from schemas.control import Decision, JobSpec
+from trainguard.actions.state import TERMINAL, RecoveryState, check_transition
+from trainguard.schemas.codec import decode, encode
+from trainguard.schemas.control import Decision, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +324,7 @@ class ProgressStore:
         The recovery returns to the state of the step it was held at; the runner re-plans from
         the recorded results and runs that step without the check that held it.
         """
-        from actions.plans import STATE_OF, StepKind  # plans imports nothing from here
+        from trainguard.actions.plans import STATE_OF, StepKind  # plans imports nothing from here
 
         rec = self.get(decision_id)
         if rec is None or rec.state is not RecoveryState.HELD:

@@ -1,12 +1,12 @@
 """Runs one recovery to its end: plan, guard, execute each step with retries, record, announce.
 
 The loop is *plan -> first step without a recorded result -> run it -> record it -> re-plan*.
-Because the plan is a pure function of stored inputs (:mod:`actions.plans`), a recovery
+Because the plan is a pure function of stored inputs (:mod:`trainguard.actions.plans`), a recovery
 interrupted by a crash resumes at the step that was in flight (executors are idempotent), and a
 finished step is never run twice.  Each step emits ``started`` and ``succeeded``/``failed``
 action events with deterministic ids (redelivered events collapse in ClickHouse); a step's
 ``succeeded`` event is re-sent on resume if the crash came between recording and sending it.
-Each attempt's duration and outcome, and each hold, are counted in :mod:`actions.metrics`.
+Each attempt's duration and outcome, and each hold, are counted in :mod:`trainguard.actions.metrics`.
 """
 
 from __future__ import annotations
@@ -18,20 +18,29 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from actions import guard, placement
-from actions.config import ActionsConfig
-from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import Executor, StepContext
-from actions.metrics import ActionMetrics
-from actions.plans import STATE_OF, CodeUpdate, Plan, PlanContext, Step, StepKind, build_plan, code_update_of
-from actions.progress import ProgressStore, Recovery
-from actions.standby import machine_names, pool_target, refilled, swapped
-from actions.state import RecoveryState
-from infra.backoff import Backoff
-from schemas.base import now_ms
-from schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
-from schemas.enums import Action
-from schemas.typecheck import from_mapping, to_plain
+from trainguard.actions import guard, placement
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.errors import PermanentError, TemporaryError
+from trainguard.actions.executors.base import Executor, StepContext
+from trainguard.actions.metrics import ActionMetrics
+from trainguard.actions.plans import (
+    STATE_OF,
+    CodeUpdate,
+    Plan,
+    PlanContext,
+    Step,
+    StepKind,
+    build_plan,
+    code_update_of,
+)
+from trainguard.actions.progress import ProgressStore, Recovery
+from trainguard.actions.standby import machine_names, pool_target, refilled, swapped
+from trainguard.actions.state import RecoveryState
+from trainguard.infra.backoff import Backoff
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
+from trainguard.schemas.enums import Action
+from trainguard.schemas.typecheck import from_mapping, to_plain
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +286,8 @@ class RecoveryRunner:
     def _hold(
         self, rec: Recovery, reason: str, step: str, guard: str, level: int = logging.WARNING
     ) -> Recovery:
-        """Hold ``rec`` at ``step`` for an operator; ``guard`` says which (:data:`actions.metrics.GUARDS`)."""
+        """Hold ``rec`` at ``step`` for an operator; ``guard`` says which
+        (:data:`trainguard.actions.metrics.GUARDS`)."""
         log.log(level, "recovery %s of job %s held for an operator: %s", rec.decision_id, rec.job, reason)
         rec = self.store.transition(rec.decision_id, RecoveryState.HELD, held_reason=reason, held_step=step)
         self.metrics.held(guard, step)

@@ -28,10 +28,11 @@ ERROR with its coordinates, counted in :attr:`ActionService.dead_lettered`) and 
 commits past it.  A recovery whose run keeps crashing (a bug in planning, an impossible state) is
 failed after :data:`MAX_RECOVERY_CRASHES` tries and dead-lettered (``actions:recover``), so its
 job's queue moves on.  The world being down is not the record's fault: a broker or a disk away
-(:func:`transient`) is retried with :class:`infra.backoff.Backoff`, the records seeked back to and
+(:func:`transient`) is retried with :class:`trainguard.infra.backoff.Backoff`, the records seeked back to and
 read again, nothing committed past them.
 
-Metrics (:mod:`actions.metrics`) are served on ``metrics_host:metrics_port`` while :meth:`run` runs.
+Metrics (:mod:`trainguard.actions.metrics`) are served on ``metrics_host:metrics_port`` while
+:meth:`run` runs.
 """
 
 from __future__ import annotations
@@ -46,16 +47,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
 
-from actions.config import ActionsConfig
-from actions.executors import ExecutorEnv, create_executor
-from actions.executors.base import Executor
-from actions.metrics import REJECT_REASONS, ActionMetrics
-from actions.plans import CodeUpdate
-from actions.progress import ProgressStore
-from actions.recovery import RecoveryRunner
-from actions.state import InvalidStateTransition, RecoveryState
-from infra.backoff import Backoff
-from infra.bus import (
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.executors import ExecutorEnv, create_executor
+from trainguard.actions.executors.base import Executor
+from trainguard.actions.metrics import REJECT_REASONS, ActionMetrics
+from trainguard.actions.plans import CodeUpdate
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.recovery import RecoveryRunner
+from trainguard.actions.state import InvalidStateTransition, RecoveryState
+from trainguard.infra.backoff import Backoff
+from trainguard.infra.bus import (
     Batch,
     BusError,
     EventConsumer,
@@ -67,13 +68,13 @@ from infra.bus import (
     signer_for,
     verifier_for,
 )
-from infra.config import Settings
-from infra.metrics_server import MetricsServer, serve_metrics
-from infra.signing import AuthError
-from schemas.base import now_ms
-from schemas.codec import decode, encode
-from schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
-from schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, JOBS
+from trainguard.infra.config import Settings
+from trainguard.infra.metrics_server import MetricsServer, serve_metrics
+from trainguard.infra.signing import AuthError
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import decode, encode
+from trainguard.schemas.control import ActionEvent, ActionPhase, Decision, JobSpec, Targets, stable_id
+from trainguard.schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, JOBS
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def check_dated(
     >>> check_dated(2_000_000, 1_000_000, cfg, "job spec")
     Traceback (most recent call last):
     ...
-    actions.service.BadlyDated: job spec dated 1000 s in the future (clock skew allowance 60 s)
+    trainguard.actions.service.BadlyDated: job spec dated 1000 s in the future (clock skew allowance 60 s)
     """
     ahead_s = (ts_ms - now_ms) / 1000
     if ahead_s > cfg.clock_skew_s:
@@ -239,7 +240,7 @@ class JobsFollower:
 
 
 class DecisionSource(Protocol):
-    """Where decisions come from (:class:`infra.bus.EventConsumer`)."""
+    """Where decisions come from (:class:`trainguard.infra.bus.EventConsumer`)."""
 
     def poll(self, timeout_ms: int = 1000) -> Batch: ...
 

@@ -1,9 +1,9 @@
 """Warm standby pool (ByteRobust §6.2): its size, and the job specs a swap or refill produces.
 
-The pool is sized by the binomial P99 rule (:func:`detectors.planning.standby_pool_size`):
+The pool is sized by the binomial P99 rule (:func:`trainguard.detectors.planning.standby_pool_size`):
 machine failures are independent, so simultaneous failures of an ``n``-machine job follow
 Binomial(n, p_daily), and the pool holds its 99th percentile.  Standbys are pre-started by the
-executor and listed in the job's :class:`~schemas.control.JobSpec` (``standbys``); on eviction
+executor and listed in the job's :class:`~trainguard.schemas.control.JobSpec` (``standbys``); on eviction
 they take the evicted machines' places (same machine index, so rank placement is unchanged), and
 the pool is refilled after the job restarted.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from actions.config import ActionsConfig
-from detectors.planning import standby_pool_size
-from schemas.control import JobSpec
+from trainguard.actions.config import ActionsConfig
+from trainguard.detectors.planning import standby_pool_size
+from trainguard.schemas.control import JobSpec
 
 
 def machine_names(spec: JobSpec) -> list[str]:
@@ -31,7 +31,7 @@ def pool_target(cfg: ActionsConfig, n_machines: int) -> int:
 def swapped(spec: JobSpec, replaces: list[str], standbys: list[str], ts_ms: int) -> JobSpec:
     """``spec`` with each machine of ``replaces`` swapped for the standby at the same position.
 
-    >>> from schemas.topology import JobTopology
+    >>> from trainguard.schemas.topology import JobTopology
     >>> t = JobTopology(job="j", ranks_per_machine=1, dp=3, machines=["a", "b", "c"])
     >>> s = swapped(JobSpec(job="j", ts_ms=1, topology=t, standbys=["s0", "s1"]), ["b"], ["s0"], 2)
     >>> s.topology.machines, s.standbys

@@ -9,7 +9,7 @@ True
 >>> check_transition(RecoveryState.SUCCEEDED, RecoveryState.EVICTING)
 Traceback (most recent call last):
 ...
-actions.state.InvalidStateTransition: recovery cannot go from succeeded to evicting
+trainguard.actions.state.InvalidStateTransition: recovery cannot go from succeeded to evicting
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ from chaos_scenarios import (
     worker_kill,
 )
 
-from infra.progress import Progress
+from trainguard.infra.progress import Progress
 
 Scenario = Callable[[ChaosStack, Size], Result]
 SCENARIOS: dict[str, Scenario] = {

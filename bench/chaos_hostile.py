@@ -30,12 +30,12 @@ from chaos_procs import (
 )
 from chaos_scenarios import Result, Size, evict_decision, job_spec
 
-from actions.progress import Recovery
-from actions.state import RecoveryState
-from infra.signing import SIGNED_TOPICS, Signer, SigningConfig, init_keys
-from schemas.base import Event, now_ms
-from schemas.codec import encode, to_dict
-from schemas.control import (
+from trainguard.actions.progress import Recovery
+from trainguard.actions.state import RecoveryState
+from trainguard.infra.signing import SIGNED_TOPICS, Signer, SigningConfig, init_keys
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import encode, to_dict
+from trainguard.schemas.control import (
     ActionEvent,
     ActionPhase,
     Command,
@@ -45,9 +45,16 @@ from schemas.control import (
     Detection,
     JobSpec,
 )
-from schemas.enums import Action
-from schemas.telemetry import GpuSample, GpuSampleBatch, Heartbeat, HostSample, NicSample, NicSampleBatch
-from schemas.topics import (
+from trainguard.schemas.enums import Action
+from trainguard.schemas.telemetry import (
+    GpuSample,
+    GpuSampleBatch,
+    Heartbeat,
+    HostSample,
+    NicSample,
+    NicSampleBatch,
+)
+from trainguard.schemas.topics import (
     COMMANDS,
     CONTROL,
     DEAD_LETTERS,
@@ -57,7 +64,14 @@ from schemas.topics import (
     TOPICS,
     Topic,
 )
-from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, RankLiveness, StackDump, TrainingStep
+from trainguard.schemas.workload import (
+    FlightRecorderDump,
+    LogLine,
+    ProcessExit,
+    RankLiveness,
+    StackDump,
+    TrainingStep,
+)
 
 #: a record's coordinates on the broker.
 Where = tuple[str, int, int]
@@ -569,7 +583,7 @@ def _exporter_command(
 
 def _dedup_probe(stack: ChaosStack, job: str) -> int:
     """The same Xid on one node twice, 1 s apart: decisions made (1 while de-duplication holds)."""
-    from schemas.topics import DECISIONS as DEC
+    from trainguard.schemas.topics import DECISIONS as DEC
 
     reader = TopicReader(stack, [DEC])
     node = unique(f"{job}-dedup")

@@ -29,17 +29,17 @@ from typing import Any, Self, TypeVar
 
 import yaml
 
-from actions.progress import ProgressStore
-from infra.bus import EventProducer, signer_for
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings, load_settings
-from infra.stack.clickhouse import ClickHouseServer
-from infra.stack.kafka import KafkaServer
-from schemas.base import Event, now_ms
-from schemas.codec import decode
-from schemas.control import ActionEvent, ActionPhase, Decision
-from schemas.topics import DECISIONS, TOPICS, Topic
-from schemas.workload import LogLine
+from trainguard.actions.progress import ProgressStore
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings, load_settings
+from trainguard.infra.stack.clickhouse import ClickHouseServer
+from trainguard.infra.stack.kafka import KafkaServer
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import decode
+from trainguard.schemas.control import ActionEvent, ActionPhase, Decision
+from trainguard.schemas.topics import DECISIONS, TOPICS, Topic
+from trainguard.schemas.workload import LogLine
 
 EXE = str(Path(sys.executable).with_name("trainguard"))
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."

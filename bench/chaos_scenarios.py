@@ -31,13 +31,21 @@ from chaos_procs import (
     wait_until,
 )
 
-from actions.state import RecoveryState
-from schemas.base import now_ms
-from schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, Detection, JobSpec, Targets
-from schemas.enums import Action, Severity
-from schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, DETECTIONS
-from schemas.topology import JobTopology
-from schemas.workload import LogLine, TrainingStep
+from trainguard.actions.state import RecoveryState
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import (
+    ActionEvent,
+    ActionPhase,
+    DeadLetter,
+    Decision,
+    Detection,
+    JobSpec,
+    Targets,
+)
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, DETECTIONS
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import LogLine, TrainingStep
 
 
 @dataclass(frozen=True)

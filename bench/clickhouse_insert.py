@@ -15,11 +15,11 @@ import time
 import uuid
 from dataclasses import replace
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import load_settings
-from schemas.base import Event
-from schemas.telemetry import GpuSample, GpuSampleBatch
-from schemas.workload import TrainingStep
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import load_settings
+from trainguard.schemas.base import Event
+from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch
+from trainguard.schemas.workload import TrainingStep
 
 
 def gpu_events(rows: int, t0: int) -> list[Event]:

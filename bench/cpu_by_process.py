@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra.progress import Progress, quiet
+from trainguard.infra.progress import Progress, quiet
 
 #: (kind, substrings of the command line, any of which marks it); the first match wins.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (

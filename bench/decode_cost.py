@@ -1,4 +1,4 @@
-"""Decode cost per message type: how long ``schemas.codec.decode`` takes for what a worker reads.
+"""Decode cost per message type: how long ``trainguard.schemas.codec.decode`` takes for what a worker reads.
 
     .venv/bin/python bench/decode_cost.py [--n 20000] [--repeat 3]
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from schemas.base import Event
-from schemas.codec import decode, encode
-from schemas.telemetry import (
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import decode, encode
+from trainguard.schemas.telemetry import (
     DiskUsage,
     GpuSample,
     GpuSampleBatch,
@@ -26,7 +26,7 @@ from schemas.telemetry import (
     NicSampleBatch,
     SourceHealth,
 )
-from schemas.workload import TrainingStep
+from trainguard.schemas.workload import TrainingStep
 
 TS = 1_795_000_000_000
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.progress import Progress
+from trainguard.infra.progress import Progress
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainguard_demo.nvml_sim import SimulatedNvml
 
-from infra.config import load_settings
-from infra.progress import Progress
-from streams.exporter.config import load_exporter_config
-from streams.exporter.service import ExporterService
-from streams.exporter.spool import Record, Spool
+from trainguard.infra.config import load_settings
+from trainguard.infra.progress import Progress
+from trainguard.streams.exporter.config import load_exporter_config
+from trainguard.streams.exporter.service import ExporterService
+from trainguard.streams.exporter.spool import Record, Spool
 
 #: (label, fsync_interval_s) -- None is the spool before fsync existed.
 SPOOL_MODES = [("off", None), ("default 1 s", 1.0), ("every append", 0.0)]

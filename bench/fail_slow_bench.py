@@ -32,15 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from detectors.stacks import (  # noqa: E402 -- after the path tweak, so it runs from a checkout
+from trainguard.detectors.stacks import (  # noqa: E402 -- after the path tweak, so it runs from a checkout
     OverEvictionClassifier,
     OverEvictionConfig,
     RankState,
     load_dump_dir,
 )
-from infra.progress import Progress  # noqa: E402
-from schemas.enums import Verdict  # noqa: E402
-from schemas.topology import JobTopology  # noqa: E402
+from trainguard.infra.progress import Progress  # noqa: E402
+from trainguard.schemas.enums import Verdict  # noqa: E402
+from trainguard.schemas.topology import JobTopology  # noqa: E402
 
 
 @dataclass

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.progress import Progress
+from trainguard.infra.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = [

@@ -15,10 +15,10 @@ import asyncio
 import time
 import uuid
 
-from infra.config import load_settings
-from infra.progress import Progress
-from schemas.codec import encode
-from schemas.workload import TrainingStep
+from trainguard.infra.config import load_settings
+from trainguard.infra.progress import Progress
+from trainguard.schemas.codec import encode
+from trainguard.schemas.workload import TrainingStep
 
 
 def payloads(n: int) -> list[bytes]:

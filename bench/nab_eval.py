@@ -52,9 +52,9 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detectors.base import AnomalyDetector
-from detectors.registry import build, registered
-from infra.progress import Progress, quiet
+from trainguard.detectors.base import AnomalyDetector
+from trainguard.detectors.registry import build, registered
+from trainguard.infra.progress import Progress, quiet
 
 PROBATION_FRACTION = 0.15  # NAB's probationary period
 DEFAULT_Q = 0.99

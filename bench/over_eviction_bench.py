@@ -28,7 +28,7 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from detectors.stacks import (  # noqa: E402 -- after the path tweak, so it runs from a checkout
+from trainguard.detectors.stacks import (  # noqa: E402 -- after the path tweak, so it runs from a checkout
     DumpName,
     DumpParser,
     OverEvictionClassifier,
@@ -38,8 +38,8 @@ from detectors.stacks import (  # noqa: E402 -- after the path tweak, so it runs
     StackReader,
     collect_round,
 )
-from schemas.enums import Verdict  # noqa: E402
-from schemas.topology import JobTopology  # noqa: E402
+from trainguard.schemas.enums import Verdict  # noqa: E402
+from trainguard.schemas.topology import JobTopology  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "stacks"
 TOPO = JobTopology(job="bench", tp=8, pp=16, dp=75, ranks_per_machine=8)

@@ -19,8 +19,8 @@ job (failures are independent, §6.2).  Evicted machines come back to the free p
 
 * ``first_free`` -- TrainGuard before the planner: a swap takes the pool's first standbys, the
   pool is refilled with the first free machines by name (the Kubernetes executor's order);
-* ``planner`` -- every swap by :func:`detectors.placement.choose_replacements`, every refill by
-  :func:`detectors.placement.place_standbys` (what the action service does).
+* ``planner`` -- every swap by :func:`trainguard.detectors.placement.choose_replacements`, every refill by
+  :func:`trainguard.detectors.placement.place_standbys` (what the action service does).
 
 A pool too small for a swap gets the shortfall first (each policy its own way), as the service
 provisions it.  Printed: the largest DP and PP group spread (pods) after all recoveries, and the
@@ -45,7 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from detectors.placement import (  # noqa: E402 -- after the path tweak, so it runs from a checkout
+from trainguard.detectors.placement import (  # noqa: E402 -- after the path tweak, so it runs from a checkout
     Groups,
     PlacementConfig,
     choose_replacements,
@@ -53,8 +53,8 @@ from detectors.placement import (  # noqa: E402 -- after the path tweak, so it r
     measure,
     place_standbys,
 )
-from schemas.network import MachinePosition  # noqa: E402
-from schemas.topology import JobTopology  # noqa: E402
+from trainguard.schemas.network import MachinePosition  # noqa: E402
+from trainguard.schemas.topology import JobTopology  # noqa: E402
 
 #: ByteRobust Table 1: incidents after which machines leave the job, by how many leave.
 ONE_MACHINE = {

@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streams.exporter.config import load_exporter_config
-from streams.exporter.sources.base import SourceContext
-from streams.exporter.sources.reporter import ReporterSource
-from streams.reporter import Reporter
+from trainguard.streams.exporter.config import load_exporter_config
+from trainguard.streams.exporter.sources.base import SourceContext
+from trainguard.streams.exporter.sources.reporter import ReporterSource
+from trainguard.streams.reporter import Reporter
 
 
 def run(rep: Reporter, steps: int) -> tuple[list[float], float]:

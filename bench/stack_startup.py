@@ -13,8 +13,8 @@ import argparse
 import tempfile
 import time
 
-from infra.config import load_settings
-from infra.stack.manager import Stack
+from trainguard.infra.config import load_settings
+from trainguard.infra.stack.manager import Stack
 
 
 def main() -> None:

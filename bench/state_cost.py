@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/state_cost.py [--ranks 9600] [--steps 3] [--repeat 5]
 
-A :class:`detectors.routing.DetectionPath` is fed ``--steps`` steps of every rank of one job
+A :class:`trainguard.detectors.routing.DetectionPath` is fed ``--steps`` steps of every rank of one job
 (what the training agent sees), then the training stage's state is taken as the stream worker
-takes it at every flush (:meth:`detectors.keyed_state.PathState.snapshot`) ``--repeat`` times;
+takes it at every flush (:meth:`trainguard.detectors.keyed_state.PathState.snapshot`) ``--repeat`` times;
 the best time, the document's size and a restore's time are printed.  No broker: pure code.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from detectors.keyed_state import PathState
-from detectors.routing import TRAINING, DetectionPath
-from schemas.workload import TrainingStep
-from streams.config import WorkerConfig
+from trainguard.detectors.keyed_state import PathState
+from trainguard.detectors.routing import TRAINING, DetectionPath
+from trainguard.schemas.workload import TrainingStep
+from trainguard.streams.config import WorkerConfig
 
 T0 = 1_795_000_000_000
 

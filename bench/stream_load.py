@@ -76,12 +76,12 @@ from typing import Any, TextIO
 from decode_cost import gpu_samples
 from worker_cost import STAGES, Profile, Profiler, core_busy_seconds, cpu_seconds
 
-from infra.config import load_settings
-from infra.progress import Progress
-from schemas.base import now_ms
-from schemas.codec import decode, encode
-from schemas.control import Decision, Detection
-from schemas.telemetry import (
+from trainguard.infra.config import load_settings
+from trainguard.infra.progress import Progress
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import decode, encode
+from trainguard.schemas.control import Decision, Detection
+from trainguard.schemas.telemetry import (
     DiskUsage,
     GpuSampleBatch,
     Heartbeat,
@@ -90,8 +90,8 @@ from schemas.telemetry import (
     NicSampleBatch,
     SourceHealth,
 )
-from schemas.topics import DECISIONS, DETECTIONS, GPU, HEARTBEATS, HOST, LOGS, NIC, STEPS
-from schemas.workload import LogLine, TrainingStep
+from trainguard.schemas.topics import DECISIONS, DETECTIONS, GPU, HEARTBEATS, HOST, LOGS, NIC, STEPS
+from trainguard.schemas.workload import LogLine, TrainingStep
 
 XID = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 

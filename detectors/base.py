@@ -3,12 +3,12 @@
 A detector sees one sample at a time as a flat ``{feature: value}`` dict (one node's GPU
 temperature, power, NIC throughput, ...).  ``score_one`` says how unusual the sample is (higher
 means more anomalous, never NaN) and ``learn_one`` folds it into the baseline.  Deciding whether
-a score *is* an anomaly is someone else's job (:mod:`detectors.filters`), so thresholds stay
+a score *is* an anomaly is someone else's job (:mod:`trainguard.detectors.filters`), so thresholds stay
 configuration and scores stay comparable across thresholds.  Modelled on
 ``river.base.AnomalyDetector``.
 
 Parameters live in one frozen dataclass per detector (``Params``), validated by
-:func:`schemas.config.load_config`: unknown names and out-of-range values are errors, and the
+:func:`trainguard.schemas.config.load_config`: unknown names and out-of-range values are errors, and the
 same dataclass is what the registry builds from a config file.
 """
 
@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Self
 
-from schemas.config import load_config
+from trainguard.schemas.config import load_config
 
 
 def clean_sample(x: Any) -> dict[str, float]:
@@ -58,7 +58,7 @@ class AnomalyDetector(abc.ABC):
     Subclasses set ``Params`` (a frozen dataclass whose defaults are the detector's defaults),
     implement :meth:`reset` to (re)create the learned state and the two ``*_one`` methods.
     Constructor keywords are the ``Params`` fields; anything else raises
-    :class:`schemas.config.ConfigError`.
+    :class:`trainguard.schemas.config.ConfigError`.
 
     Streaming use is *score, then learn*, so a sample is never judged against a baseline that
     already contains it::

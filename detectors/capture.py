@@ -1,7 +1,7 @@
 """Gathering one stack capture of a job and judging it (ByteRobust §5 aggregation analysis).
 
 A capture is requested from every machine of a job under one ``capture_id``; the exporters
-answer with one :class:`~schemas.workload.StackDump` per process and round.  A
+answer with one :class:`~trainguard.schemas.workload.StackDump` per process and round.  A
 :class:`Capture` collects them until every rank's main process has answered for every round or
 the deadline passes -- missing ranks are evidence, not a reason to wait forever -- and then
 :meth:`Capture.analyze` runs the over-eviction classifier and returns the ``Detection`` to emit.
@@ -12,21 +12,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from detectors.detections import detection_from_finding
-from detectors.eviction import preference_order
-from detectors.findings import Finding
-from detectors.flight_recorder.analysis import FlightRecorderConfig, FlightRecorderResult, analyze_dumps
-from detectors.flight_recorder.combine import combine
-from detectors.flight_recorder.events import event_to_dump
-from detectors.stacks import Frame as DumpFrame
-from detectors.stacks import OverEvictionClassifier, OverEvictionConfig, ProcessDump, RankDumps, Round
-from detectors.stacks import ThreadStack as DumpThread
-from detectors.stacks.model import normalize_filename
-from schemas.control import Command, CommandKind, Decision, Detection, stable_id
-from schemas.enums import Action, ProcessRole, Severity, Verdict
-from schemas.topology import JobTopology
-from schemas.typecheck import bounds
-from schemas.workload import FlightRecorderDump, StackDump
+from trainguard.detectors.detections import detection_from_finding
+from trainguard.detectors.eviction import preference_order
+from trainguard.detectors.findings import Finding
+from trainguard.detectors.flight_recorder.analysis import (
+    FlightRecorderConfig,
+    FlightRecorderResult,
+    analyze_dumps,
+)
+from trainguard.detectors.flight_recorder.combine import combine
+from trainguard.detectors.flight_recorder.events import event_to_dump
+from trainguard.detectors.stacks import Frame as DumpFrame
+from trainguard.detectors.stacks import (
+    OverEvictionClassifier,
+    OverEvictionConfig,
+    ProcessDump,
+    RankDumps,
+    Round,
+)
+from trainguard.detectors.stacks import ThreadStack as DumpThread
+from trainguard.detectors.stacks.model import normalize_filename
+from trainguard.schemas.control import Command, CommandKind, Decision, Detection, stable_id
+from trainguard.schemas.enums import Action, ProcessRole, Severity, Verdict
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.typecheck import bounds
+from trainguard.schemas.workload import FlightRecorderDump, StackDump
 
 #: detection categories that are fail-slow suspicions: several rounds of dumps, not one.
 FAIL_SLOW_CATEGORIES = ("fail_slow", "straggler", "mfu_decline")

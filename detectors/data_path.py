@@ -5,7 +5,7 @@ all) and call for different answers, so each has its row: the condition, the det
 finding that see it, the action it recommends and why.  ``tests/detectors/test_data_path.py``
 drives each row's detector into its condition and checks that it answers as the row says.
 
-With a shadow loader (:mod:`streams.shadow_loader`) in the training loop, a hung or dead loader
+With a shadow loader (:mod:`trainguard.streams.shadow_loader`) in the training loop, a hung or dead loader
 is normally answered by the rank itself, within the stall: its standby takes over on the same
 data position, and TrainGuard records the takeover.  TrainGuard still evicts when the loader is
 not what failed -- when loader after loader fails on a rank (the machine, its storage mount or
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.enums import Action, Severity
+from trainguard.schemas.enums import Action, Severity
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ DATA_PATH_ROWS: tuple[DataPathRow, ...] = (
         condition="loader hung, shadow loader ready",
         category="loader_takeover",
         kinds=("log_rule",),  # rule shadow-loader-takeover
-        detector="detectors.log_classifier.LogClassifier",
+        detector="trainguard.detectors.log_classifier.LogClassifier",
         action=Action.IGNORE,
         severity=Severity.WARNING,
         why=(
@@ -59,7 +59,7 @@ DATA_PATH_ROWS: tuple[DataPathRow, ...] = (
         condition="loader hung, no shadow loader",
         category="job_hang",
         kinds=("hang_suspect", "hang"),
-        detector="detectors.training.StepStallDetector",
+        detector="trainguard.detectors.training.StepStallDetector",
         action=Action.AGGREGATE,
         severity=Severity.ERROR,
         why=(
@@ -74,7 +74,7 @@ DATA_PATH_ROWS: tuple[DataPathRow, ...] = (
         condition="loaders keep failing",
         category="loader_failed",
         kinds=("log_rule",),  # rule shadow-loader-gave-up
-        detector="detectors.log_classifier.LogClassifier",
+        detector="trainguard.detectors.log_classifier.LogClassifier",
         action=Action.IGNORE,
         severity=Severity.ERROR,
         why=(
@@ -89,7 +89,7 @@ DATA_PATH_ROWS: tuple[DataPathRow, ...] = (
         condition="loader slow",
         category="slow_data",
         kinds=("slow_data", "slow_data_cleared"),
-        detector="detectors.slow_data.SlowDataDetector",
+        detector="trainguard.detectors.slow_data.SlowDataDetector",
         action=Action.IGNORE,
         severity=Severity.WARNING,
         why=(

@@ -15,8 +15,8 @@ no new decision.  The id hashes (job, action, targets, the dedup bucket of the *
 reprocessing the same detections after a restart reproduces the same ids and the action service,
 idempotent by id, acts once.
 
->>> from schemas.control import Detection
->>> from schemas.enums import Action
+>>> from trainguard.schemas.control import Detection
+>>> from trainguard.schemas.enums import Action
 >>> p = DecisionPolicy()
 >>> d = Detection(detection_id="a", ts_ms=5, job="j", kind="xid-79", category="gpu_unavailable",
 ...               action=Action.EVICT, node="n3", source_ts_ms=1_000)
@@ -33,10 +33,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.control import Decision, Detection, Targets, decision_id
-from schemas.enums import Action
-from schemas.topology import JobTopology
-from schemas.typecheck import bounds
+from trainguard.schemas.control import Decision, Detection, Targets, decision_id
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.typecheck import bounds
 
 #: actions that never become decisions.
 _RECORD_ONLY = (Action.NONE, Action.IGNORE)

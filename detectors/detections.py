@@ -1,4 +1,4 @@
-"""Turning detector verdicts (:class:`~detectors.findings.Finding`) into wire ``Detection`` events.
+"""Turning detector verdicts (:class:`~trainguard.detectors.findings.Finding`) into wire ``Detection`` events.
 
 The detection id is derived from what was detected and the *event time* of the input that
 triggered it, never from wall-clock processing time, so reprocessing the same input (a worker
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.findings import Finding
-from schemas.control import Detection, stable_id
+from trainguard.detectors.findings import Finding
+from trainguard.schemas.control import Detection, stable_id
 
 
 def detection_from_finding(

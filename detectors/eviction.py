@@ -4,7 +4,7 @@ Shared by the analyses that name suspects (py-spy stacks, Flight Recorder dumps)
 in the preference order with one group holding every suspect wins; when no kind does, the group
 holding the most suspects (ties: the earlier kind, then the lower ranks).
 
->>> from schemas.topology import JobTopology
+>>> from trainguard.schemas.topology import JobTopology
 >>> t = JobTopology(job="j", tp=2, pp=2, dp=2, ranks_per_machine=2)
 >>> choose_group(t, [5], ["pp", "tp", "dp"])
 ('pp', (1, 5))
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.topology import DIMS, Dim, JobTopology
+from trainguard.schemas.topology import DIMS, Dim, JobTopology
 
 
 def check_preference(names: Sequence[str]) -> None:

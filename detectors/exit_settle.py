@@ -13,8 +13,8 @@ after -- the held detection is released as ``ignore`` with the root cause named 
 it is recorded, and only the root cause decides.  Otherwise it is released unchanged when its
 time is up, and a real network fault is acted on ``settle_s`` later than without the wait.
 
->>> from schemas.enums import Action
->>> from schemas.control import Detection
+>>> from trainguard.schemas.enums import Action
+>>> from trainguard.schemas.control import Detection
 >>> s = ExitSettler(SettleConfig(settle_s=1.0))
 >>> gloo = Detection(detection_id="g", ts_ms=0, job="j", kind="gloo-error", category="comm_error",
 ...                  action=Action.DIAGNOSE, node="m2", ranks=[4], source_ts_ms=10_000)
@@ -33,9 +33,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from schemas.control import Detection
-from schemas.enums import Action
-from schemas.typecheck import bounds
+from trainguard.schemas.control import Detection
+from trainguard.schemas.enums import Action
+from trainguard.schemas.typecheck import bounds
 
 _RECORD_ONLY = (Action.NONE, Action.IGNORE)
 

@@ -8,7 +8,7 @@ from being learned, so a burst of faulty readings does not become the new normal
 samples the detector learns again, because a shift that persists that long is a new regime
 (a replaced GPU, a new parallelism layout), and refusing to learn it would flag forever.
 
-The anomaly stage (:class:`detectors.node_anomaly.NodeAnomalyScorer`) runs each node's detector
+The anomaly stage (:class:`trainguard.detectors.node_anomaly.NodeAnomalyScorer`) runs each node's detector
 behind a :class:`ThresholdFilter`.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.base import AnomalyDetector
-from schemas.config import load_config
-from schemas.typecheck import bounds
+from trainguard.detectors.base import AnomalyDetector
+from trainguard.schemas.config import load_config
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ThresholdFilter:
 
     Examples
     --------
-    >>> from detectors.anomaly import EWMAZScore
+    >>> from trainguard.detectors.anomaly import EWMAZScore
     >>> f = ThresholdFilter(EWMAZScore(), threshold=6.0)
     >>> for i in range(100):
     ...     _ = f.process_one({"temp_c": 60 + (i % 5) * 0.5})

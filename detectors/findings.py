@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.enums import Action, Severity
-from schemas.typecheck import to_plain
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.typecheck import to_plain
 
 #: ordering used to pick the worst of several findings or classifications.
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}

@@ -6,7 +6,7 @@ asked periodically (:meth:`JobMonitor.check`) for time-based findings, with an e
 so tests and replays control the clock.  A stall is detected from step progress while the rank
 processes are alive -- long before an NCCL/gloo timeout would fire.
 
->>> from schemas.workload import TrainingStep
+>>> from trainguard.schemas.workload import TrainingStep
 >>> m = JobMonitor("j", MonitorConfig(stall=StallConfig(stall_s=30)))
 >>> for r in range(2):
 ...     _ = m.on_step(TrainingStep(job="j", rank=r, step=1, ts_ms=1000), now_ms=1000)
@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from detectors.detections import detection_from_finding
-from detectors.exit_settle import ExitSettler, SettleConfig
-from detectors.findings import Finding
-from detectors.liveness import LivenessConfig, SilentMachineDetector
-from detectors.log_classifier import classify_exit
-from detectors.slow_data import SlowDataConfig, SlowDataDetector
-from detectors.stopped_job import RecoveryStatus, StoppedConfig, StoppedJobDetector
-from detectors.training import (
+from trainguard.detectors.detections import detection_from_finding
+from trainguard.detectors.exit_settle import ExitSettler, SettleConfig
+from trainguard.detectors.findings import Finding
+from trainguard.detectors.liveness import LivenessConfig, SilentMachineDetector
+from trainguard.detectors.log_classifier import classify_exit
+from trainguard.detectors.slow_data import SlowDataConfig, SlowDataDetector
+from trainguard.detectors.stopped_job import RecoveryStatus, StoppedConfig, StoppedJobDetector
+from trainguard.detectors.training import (
     MfuConfig,
     MfuDeclineDetector,
     SpikeConfig,
@@ -39,9 +39,9 @@ from detectors.training import (
     StragglerConfig,
     StragglerDetector,
 )
-from schemas.control import Detection
-from schemas.enums import Action, ProcessRole, Severity
-from schemas.workload import ProcessExit, RankLiveness, TrainingStep
+from trainguard.schemas.control import Detection
+from trainguard.schemas.enums import Action, ProcessRole, Severity
+from trainguard.schemas.workload import ProcessExit, RankLiveness, TrainingStep
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class JobMonitor:
         job (judged against ``recoveries``, what the action service says of the job; without it
         the job is taken to have no recovery at work).
 
-        ``stream_now_ms`` is how far the input stream has got (:class:`~detectors.windows.
+        ``stream_now_ms`` is how far the input stream has got (:class:`~trainguard.detectors.windows.
         StreamClock`): progress is judged against it, so a consumer that lags does not take
         every job for stalled; detections are still stamped with ``now_ms``."""
         now = now_ms / 1000

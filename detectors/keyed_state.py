@@ -18,9 +18,9 @@ Not kept: the anomaly stage's learned per-node baselines (they re-learn within t
 and the straggler detector's step times (they re-fill within its window).
 
 :meth:`PathState.take_dirty` says which keys changed, :meth:`PathState.snapshot` gives a key's
-state as a document (:mod:`detectors.state`), :meth:`PathState.restore` puts it back,
+state as a document (:mod:`trainguard.detectors.state`), :meth:`PathState.restore` puts it back,
 :meth:`PathState.drop` forgets a key.  Pure: the stream worker stores the documents in its
-changelog (:mod:`streams.state`); a test or a notebook can move state between two paths.
+changelog (:mod:`trainguard.streams.state`); a test or a notebook can move state between two paths.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from detectors import state as codec
-from detectors.capture import Capture
-from detectors.job_monitor import JobMonitor
-from detectors.routing import AGGREGATION, DECIDE, INSPECTION, TRAINING, DetectionPath
-from schemas.control import Command, CommandKind, stable_id
+from trainguard.detectors import state as codec
+from trainguard.detectors.capture import Capture
+from trainguard.detectors.job_monitor import JobMonitor
+from trainguard.detectors.routing import AGGREGATION, DECIDE, INSPECTION, TRAINING, DetectionPath
+from trainguard.schemas.control import Command, CommandKind, stable_id
 
-#: the stages whose state is kept, in :data:`detectors.routing.INPUTS` order.
+#: the stages whose state is kept, in :data:`trainguard.detectors.routing.INPUTS` order.
 STATEFUL = (INSPECTION, TRAINING, DECIDE, AGGREGATION)
 #: the parts of a job monitor that are kept.  Not the straggler detector's step-time window: for a
 #: 10,000-rank job it is hundreds of thousands of samples, rewritten with every flush; it
@@ -104,7 +104,8 @@ class PathState:
         raise ValueError(f"{stage!r} keeps no state")
 
     def restore(self, stage: str, key: str, doc: str | bytes, now_ms: int) -> list[Command]:
-        """Put ``key``'s state back from ``doc``; :class:`detectors.state.StateError` if it is not one.
+        """Put ``key``'s state back from ``doc``; :class:`trainguard.detectors.state.StateError` if it is
+        not one.
 
         Returns what must be sent again: for a restored pending capture, a ``capture_stacks``
         command per machine (the dumps received before the restart are not in the state)."""

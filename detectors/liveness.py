@@ -1,5 +1,5 @@
 """Machines of a job that fell silent while the job stopped: a frozen or lost node, found from its
-exporter's liveness (:class:`~schemas.workload.RankLiveness`) without waiting for a stack capture
+exporter's liveness (:class:`~trainguard.schemas.workload.RankLiveness`) without waiting for a stack capture
 to time out on it.
 
 Each node's exporter says every few seconds which of the job's ranks live there (an empty list
@@ -35,9 +35,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from detectors.findings import Finding
-from schemas.enums import Action, Severity
-from schemas.typecheck import bounds
+from trainguard.detectors.findings import Finding
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Classify log lines, NVML/NIC samples and exit codes against the rule table.
 
-:class:`LogClassifier` wraps a :class:`~detectors.rule_table.RuleTable` with the state the table
+:class:`LogClassifier` wraps a :class:`~trainguard.detectors.rule_table.RuleTable` with the state the table
 itself does not keep:
 
 * **thresholds** -- rows with ``count``/``window_s`` are counted per key in a
-  :class:`~detectors.windows.WindowTracker`, on the caller's timestamps (or the line's own
+  :class:`~trainguard.detectors.windows.WindowTracker`, on the caller's timestamps (or the line's own
   timestamp; never the wall clock);
 * **Python tracebacks** -- :meth:`LogClassifier.feed` follows ``Traceback (most recent call
   last):`` blocks line by line, separately per ``[rankN]:`` prefix so interleaved ranks do not
@@ -38,10 +38,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from detectors.findings import SEVERITY_RANK, Finding
-from detectors.rule_table import RuleMatch, RuleTable, default_rule_table, match_nic_state, match_nvml
-from detectors.windows import WindowCounter, WindowTracker
-from schemas.enums import Action, Severity
+from trainguard.detectors.findings import SEVERITY_RANK, Finding
+from trainguard.detectors.rule_table import (
+    RuleMatch,
+    RuleTable,
+    default_rule_table,
+    match_nic_state,
+    match_nvml,
+)
+from trainguard.detectors.windows import WindowCounter, WindowTracker
+from trainguard.schemas.enums import Action, Severity
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ class Classification:
         }
 
     def to_finding(self, *, job: str | None = None, node: str | None = None) -> Finding | None:
-        """The equivalent :class:`~detectors.findings.Finding`, or None if no rule matched."""
+        """The equivalent :class:`~trainguard.detectors.findings.Finding`, or None if no rule matched."""
         if self.rule is None or self.category is None or self.severity is None:
             return None
         rank = self.fields.get("rank")

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from detectors.detections import detection_from_finding
-from detectors.filters import ThresholdFilter
-from detectors.findings import Finding
-from detectors.registry import build
-from schemas.control import Detection
-from schemas.enums import Action, Severity
-from schemas.telemetry import GpuSampleBatch, GpuState
+from trainguard.detectors.detections import detection_from_finding
+from trainguard.detectors.filters import ThresholdFilter
+from trainguard.detectors.findings import Finding
+from trainguard.detectors.registry import build
+from trainguard.schemas.control import Detection
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.telemetry import GpuSampleBatch, GpuState
 
 
 def gpu_features(e: GpuSampleBatch) -> dict[str, float]:
@@ -42,7 +42,7 @@ def gpu_features(e: GpuSampleBatch) -> dict[str, float]:
 
 
 class NodeAnomalyScorer:
-    """One streaming detector per node behind a :class:`~detectors.filters.ThresholdFilter`;
+    """One streaming detector per node behind a :class:`~trainguard.detectors.filters.ThresholdFilter`;
     ``detector``, its ``params`` and ``threshold`` may change between calls (a runtime switch):
     a new threshold keeps what the node's detector learned, another detector or other
     parameters start a new one -- what one algorithm learned means nothing to another."""

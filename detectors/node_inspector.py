@@ -6,7 +6,7 @@ rule table's count/window); everything else is recorded with its recommendation.
 :class:`NodeInspector` per worker holds the rule classifier (with its windows) and the previous
 counter values needed for growth rules (PCIe replays, ECC, carrier changes).
 
->>> from schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
+>>> from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
 >>> ins = NodeInspector()
 >>> batch = GpuSampleBatch(node="n7", ts_ms=1000, job="j", gpus=[GpuSample(index=3, state=GpuState.LOST)])
 >>> [(d.kind, d.action.value, d.node) for d in ins.inspect(batch, now_ms=1001)]
@@ -18,16 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.detections import detection_from_finding
-from detectors.findings import Finding
-from detectors.log_classifier import Classification, ClassifierConfig, LogClassifier
-from detectors.rule_table import RuleTable
-from schemas.base import Event
-from schemas.control import Detection
-from schemas.enums import Action, Severity
-from schemas.telemetry import GpuSampleBatch, HostSample, NicSampleBatch
-from schemas.typecheck import bounds
-from schemas.workload import LogLine
+from trainguard.detectors.detections import detection_from_finding
+from trainguard.detectors.findings import Finding
+from trainguard.detectors.log_classifier import Classification, ClassifierConfig, LogClassifier
+from trainguard.detectors.rule_table import RuleTable
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import Detection
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.telemetry import GpuSampleBatch, HostSample, NicSampleBatch
+from trainguard.schemas.typecheck import bounds
+from trainguard.schemas.workload import LogLine
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class NodeInspector:
             c = Classification(**{**c.__dict__, "fields": {**c.fields, "rank": e.rank}})
         return self._emit(c, e, now_ms, ("log", e.source, e.seq))
 
-    # -- state kept across worker restarts (see :mod:`detectors.keyed_state`) ------------------
+    # -- state kept across worker restarts (see :mod:`trainguard.detectors.keyed_state`) ------------------
 
     def take_dirty(self) -> set[str]:
         """The nodes whose state changed since the last call (counters, rule windows)."""

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from schemas.topology import DIMS, Dim, JobTopology
+from trainguard.schemas.topology import DIMS, Dim, JobTopology
 
 
 class PlanningError(ValueError):

@@ -2,7 +2,7 @@
 
 The name is what the worker config (``anomaly_detector``), a CLI flag and the ``detector``
 evidence of a detection use.  Unknown detector names and unknown or out-of-range params are
-:class:`schemas.config.ConfigError`.
+:class:`trainguard.schemas.config.ConfigError`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
-from detectors.base import AnomalyDetector
-from schemas.config import ConfigError, load_config
+from trainguard.detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
+from trainguard.detectors.base import AnomalyDetector
+from trainguard.schemas.config import ConfigError, load_config
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def check_params(name: str, params: Mapping[str, Any] | None = None) -> None:
     >>> check_params("isolation_forest", {"alpha": 0.1})
     Traceback (most recent call last):
     ...
-    schemas.config.ConfigError: WindowedIsolationForestParams: unknown field(s) 'alpha'
+    trainguard.schemas.config.ConfigError: WindowedIsolationForestParams: unknown field(s) 'alpha'
     """
     load_config(get(name).Params, dict(params or {}))
 
@@ -74,7 +74,7 @@ def build(name: str, params: Mapping[str, Any] | None = None) -> AnomalyDetector
     >>> build("ewma_zscore", {"alpah": 0.1})
     Traceback (most recent call last):
     ...
-    schemas.config.ConfigError: EWMAZScoreParams: unknown field(s) 'alpah'
+    trainguard.schemas.config.ConfigError: EWMAZScoreParams: unknown field(s) 'alpah'
     """
     return get(name)(**dict(params or {}))
 

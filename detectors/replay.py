@@ -1,14 +1,14 @@
 """Offline replay of a recorded incident through the stream worker's detection path: no Kafka, no Faust.
 
 :func:`replay_events` feeds recorded events, in order, through a
-:class:`~detectors.routing.DetectionPath` -- the very object whose stages the worker's agents
+:class:`~trainguard.detectors.routing.DetectionPath` -- the very object whose stages the worker's agents
 (``streams/agents/``) call -- and routes every event, recorded or produced, to the stages that
-consume its topic (:data:`~detectors.routing.INPUTS`), as Kafka does for the agents:
+consume its topic (:data:`~trainguard.detectors.routing.INPUTS`), as Kafka does for the agents:
 
 * inspection, anomaly, training -- telemetry to detections; the training stage's time-based
   checks run every ``check_interval_s``;
 * decide -- every detection; a node-less eviction is localised with the job's latest
-  :class:`~schemas.control.JobSpec` seen so far (the worker's job directory follows the same
+  :class:`~trainguard.schemas.control.JobSpec` seen so far (the worker's job directory follows the same
   jobs topic);
 * aggregation -- an ``aggregate`` decision (made here or recorded) opens a capture, captures are
   closed and analysed on the stage's 1 s tick.  The capture commands are not sent anywhere: the
@@ -34,12 +34,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from detectors.capture import AggregationConfig
-from detectors.decide import DecideConfig
-from detectors.job_monitor import MonitorConfig
-from detectors.node_inspector import HostThresholds
-from detectors.registry import check_params
-from detectors.routing import (
+from trainguard.detectors.capture import AggregationConfig
+from trainguard.detectors.decide import DecideConfig
+from trainguard.detectors.job_monitor import MonitorConfig
+from trainguard.detectors.node_inspector import HostThresholds
+from trainguard.detectors.registry import check_params
+from trainguard.detectors.routing import (
     AGGREGATION,
     CAPTURE_TICK_S,
     DECIDE,
@@ -48,14 +48,14 @@ from detectors.routing import (
     newer_spec,
     stages_for,
 )
-from schemas.base import Event
-from schemas.codec import DecodeError, decode
-from schemas.config import load_config
-from schemas.control import ActionEvent, Decision, Detection, JobSpec
-from schemas.topics import BY_NAME
-from schemas.topology import JobTopology
-from schemas.typecheck import bounds
-from schemas.workload import FlightRecorderDump, StackDump
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import DecodeError, decode
+from trainguard.schemas.config import load_config
+from trainguard.schemas.control import ActionEvent, Decision, Detection, JobSpec
+from trainguard.schemas.topics import BY_NAME
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.typecheck import bounds
+from trainguard.schemas.workload import FlightRecorderDump, StackDump
 
 #: the aggregation stage's timer period (it closes due captures).
 CAPTURE_TICK_MS = int(CAPTURE_TICK_S * 1000)

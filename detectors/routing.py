@@ -2,7 +2,7 @@
 with an event, and how one stage's output reaches the next.
 
 The stream worker runs one Faust agent per stage (``streams/agents/``) with Kafka between the
-stages; the offline replay (:mod:`detectors.replay`) calls the stages directly, on the records'
+stages; the offline replay (:mod:`trainguard.detectors.replay`) calls the stages directly, on the records'
 own clock.  Both go through :data:`INPUTS` and :class:`DetectionPath`, so they cannot drift:
 
 =============  ===================================  ==============================================
@@ -22,7 +22,7 @@ aggregation    decisions, stack dumps               an ``aggregate`` decision op
 job_specs      job specs                            the job directory (latest spec per job wins)
 =============  ===================================  ==============================================
 
-Every output is an event for its registry topic (:func:`schemas.topics.topic_for`): a detection
+Every output is an event for its registry topic (:func:`trainguard.schemas.topics.topic_for`): a detection
 goes to the decide stage, a decision to aggregation, a command to the machines.  Lookups that
 need I/O (a job's topology) are split in two: :func:`needs_topology` and
 :meth:`DetectionPath.wants_capture` tell the caller whether to look it up, then
@@ -36,17 +36,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from detectors.capture import FAIL_SLOW_CATEGORIES, AggregationConfig, Capture, Captures
-from detectors.decide import DecideConfig, DecisionPolicy
-from detectors.job_monitor import JobMonitor, MonitorConfig
-from detectors.node_anomaly import NodeAnomalyScorer
-from detectors.node_inspector import HostThresholds, NodeInspector
-from detectors.stopped_job import RecoveryStatus
-from schemas.base import Event
-from schemas.control import ActionEvent, Command, Decision, Detection, JobSpec
-from schemas.enums import Action
-from schemas.telemetry import GpuSampleBatch
-from schemas.topics import (
+from trainguard.detectors.capture import FAIL_SLOW_CATEGORIES, AggregationConfig, Capture, Captures
+from trainguard.detectors.decide import DecideConfig, DecisionPolicy
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
+from trainguard.detectors.node_anomaly import NodeAnomalyScorer
+from trainguard.detectors.node_inspector import HostThresholds, NodeInspector
+from trainguard.detectors.stopped_job import RecoveryStatus
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import ActionEvent, Command, Decision, Detection, JobSpec
+from trainguard.schemas.enums import Action
+from trainguard.schemas.telemetry import GpuSampleBatch
+from trainguard.schemas.topics import (
     DECISIONS,
     DETECTIONS,
     EXITS,
@@ -62,8 +62,8 @@ from schemas.topics import (
     Topic,
     topic_for,
 )
-from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump, ProcessExit, RankLiveness, StackDump, TrainingStep
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import FlightRecorderDump, ProcessExit, RankLiveness, StackDump, TrainingStep
 
 INSPECTION = "inspection"
 ANOMALY = "anomaly"

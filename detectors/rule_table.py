@@ -36,8 +36,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from schemas.enums import Action, Severity
-from schemas.typecheck import SchemaError, bounds, from_mapping
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.typecheck import SchemaError, bounds, from_mapping
 
 RULES_DIR = Path(__file__).with_name("rules")
 SOURCES = ("log", "nvml", "nic", "exit")

@@ -42,9 +42,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.findings import Finding
-from schemas.enums import Action, Severity
-from schemas.typecheck import bounds
+from trainguard.detectors.findings import Finding
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.typecheck import bounds
 
 KIND = "slow_data"
 CLEARED = "slow_data_cleared"

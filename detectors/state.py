@@ -10,10 +10,10 @@ this is not ``pickle``: a changelog is a Kafka topic, and whoever can produce to
 otherwise run code in every worker that restores from it.
 
 Configuration objects (``*Config`` dataclasses) are not stored: a restored detector is given the
-worker's current configuration (:meth:`detectors.routing.DetectionPath.reconfigure`), the same
+worker's current configuration (:meth:`trainguard.detectors.routing.DetectionPath.reconfigure`), the same
 as a threshold changed at runtime.
 
->>> from detectors.windows import WindowCounter
+>>> from trainguard.detectors.windows import WindowCounter
 >>> w = WindowCounter(window_s=300)
 >>> _ = w.observe(10.0)
 >>> back = load(dump(w))
@@ -32,19 +32,24 @@ from typing import Any
 
 import orjson
 
-from detectors.capture import Capture
-from detectors.exit_settle import ExitSettler
-from detectors.liveness import SilentMachineDetector
-from detectors.stopped_job import RecoveryStatus, StoppedJobDetector
-from detectors.training import MfuDeclineDetector, SpikeDetector, StepStallDetector, StragglerDetector
-from detectors.windows import WindowCounter
-from schemas.base import Event
-from schemas.codec import decode as decode_event
-from schemas.codec import encode as encode_event
-from schemas.control import Detection
-from schemas.enums import Action, ProcessRole, Severity
-from schemas.topology import JobTopology
-from schemas.workload import StackDump
+from trainguard.detectors.capture import Capture
+from trainguard.detectors.exit_settle import ExitSettler
+from trainguard.detectors.liveness import SilentMachineDetector
+from trainguard.detectors.stopped_job import RecoveryStatus, StoppedJobDetector
+from trainguard.detectors.training import (
+    MfuDeclineDetector,
+    SpikeDetector,
+    StepStallDetector,
+    StragglerDetector,
+)
+from trainguard.detectors.windows import WindowCounter
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import decode as decode_event
+from trainguard.schemas.codec import encode as encode_event
+from trainguard.schemas.control import Detection
+from trainguard.schemas.enums import Action, ProcessRole, Severity
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import StackDump
 
 #: the classes a document may build, by name (nothing else is ever instantiated from one).
 ALLOWED: dict[str, type[Any]] = {

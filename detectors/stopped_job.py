@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from detectors.findings import Finding
-from schemas.enums import Action, Severity
-from schemas.typecheck import bounds
+from trainguard.detectors.findings import Finding
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.typecheck import bounds
 
 #: recovery-level phases that end a recovery (the ``recovery`` step's events).
 _ENDS = frozenset({"succeeded", "failed"})

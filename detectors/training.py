@@ -7,7 +7,7 @@ baseline, is a fail-slow suspicion.  Hangs and fail-slows recommend ``aggregate`
 aggregation and over-eviction); NaN and spikes recommend ``diagnose`` (stop-time checks).
 
 Every detector is fed explicit timestamps and never reads the clock; each has a frozen config
-dataclass loadable with :func:`schemas.config.load_config`.  Non-numeric or non-finite input
+dataclass loadable with :func:`trainguard.schemas.config.load_config`.  Non-numeric or non-finite input
 that is not itself the signal (a garbage step time, an MFU of ``"n/a"``) is ignored, not raised.
 """
 
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.findings import Finding
-from schemas.enums import Action, Severity
-from schemas.typecheck import bounds
+from trainguard.detectors.findings import Finding
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.typecheck import bounds
 
 
 def _finite(v: Any) -> float | None:

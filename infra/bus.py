@@ -1,6 +1,6 @@
 """Kafka plumbing on kafka-python: topic creation, an event producer, a decoding consumer.
 
-Anything that cannot be decoded becomes a :class:`~schemas.control.DeadLetter` carrying the
+Anything that cannot be decoded becomes a :class:`~trainguard.schemas.control.DeadLetter` carrying the
 original bytes, the topic/partition/offset and the precise reason -- it is published to the
 dead-letter topic and handed back to the caller (so a sink can store it), never dropped and never
 allowed to stop the consumer.
@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.config import KafkaConfig, Settings
-from infra.signing import SIGNED_TOPICS, AuthError, Signer, Verifier
-from schemas.base import Event, now_ms
-from schemas.codec import DecodeError, decode, encode
-from schemas.control import DeadLetter
-from schemas.topics import BY_NAME, DEAD_LETTERS, TOPICS, Topic, namespaced, topic_for
+from trainguard.infra.config import KafkaConfig, Settings
+from trainguard.infra.signing import SIGNED_TOPICS, AuthError, Signer, Verifier
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import DecodeError, decode, encode
+from trainguard.schemas.control import DeadLetter
+from trainguard.schemas.topics import BY_NAME, DEAD_LETTERS, TOPICS, Topic, namespaced, topic_for
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class BusError(RuntimeError):
 def create_topics(cfg: KafkaConfig, topics: Iterable[Topic] = TOPICS, namespace: str = "") -> list[str]:
     """Create the registry's topics that do not exist; verify partition counts of those that do.
 
-    ``namespace``: their twins in that topic namespace instead (:func:`schemas.topics.namespaced`,
+    ``namespace``: their twins in that topic namespace instead (:func:`trainguard.schemas.topics.namespaced`,
     e.g. ``shadow``), with the same partitions and configs; ``""`` is the live topics.
     """
     from kafka import KafkaAdminClient
@@ -112,7 +112,7 @@ def authentic(verifier: Verifier | None, record: Any, at_record_time: bool = Fal
 @dataclass
 class EventProducer:
     """Publishes events to their registry topic with the registry key (kafka-python); control-plane
-    records (:data:`~infra.signing.SIGNED_TOPICS`) are signed when a ``signer`` is given."""
+    records (:data:`~trainguard.infra.signing.SIGNED_TOPICS`) are signed when a ``signer`` is given."""
 
     cfg: KafkaConfig
     linger_ms: int = 20
@@ -220,7 +220,7 @@ def poisoned(record: Any, stage: str, exc: BaseException, logger: logging.Logger
 
     For a record that is *bad* (it decodes but its handling raises): the caller publishes the
     dead letter and moves past the record.  Not for the world being down (a broker or a disk
-    away), which the caller retries with :class:`infra.backoff.Backoff` instead.
+    away), which the caller retries with :class:`trainguard.infra.backoff.Backoff` instead.
     """
     reason = error_text(exc)
     logger.error("%s: dead-lettering %s: %s", stage, coordinates(record), reason, exc_info=trace_of(exc))

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from infra.signing import SigningConfig
-from schemas.config import ConfigError, load_config, load_yaml_file
-from schemas.typecheck import bounds
+from trainguard.infra.signing import SigningConfig
+from trainguard.schemas.config import ConfigError, load_config, load_yaml_file
+from trainguard.schemas.typecheck import bounds
 
 _PORT = bounds(1, 65535)
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Progress of long-running commands on stderr (``stack up``, ``record``, ``replay``, the benches).
 
-Not the action service's recovery progress (that is :mod:`actions.progress`): this is what an
+Not the action service's recovery progress (that is :mod:`trainguard.actions.progress`): this is what an
 operator watching a terminal, or reading a CI log, sees while a command works.
 
 * On a terminal: one line rewritten in place -- the phase, done / total, percent, elapsed time,

@@ -8,12 +8,12 @@ relative timing (scaled by ``speed``; ``speed=0`` sends as fast as possible).
 
 Where a replay goes: into a topic namespace (``namespace="shadow"``, what ``trainguard replay``
 does by default), every record to its topic's twin ``trainguard.shadow.<rest>``
-(:func:`schemas.topics.namespaced`), created first with the registry's partitions and configs.
+(:func:`trainguard.schemas.topics.namespaced`), created first with the registry's partitions and configs.
 No live worker and no action service reads a namespace; a shadow worker (``trainguard worker
 --namespace shadow``) runs the detection path on it.  ``namespace=""`` writes the topics as
 recorded, the live ones: the live action service acts on what it decides from them.
 
-Both report to a :class:`~infra.progress.Progress` when given one: records done of the total
+Both report to a :class:`~trainguard.infra.progress.Progress` when given one: records done of the total
 (a recording's record count; the offsets between the window's start and the partitions' ends).
 """
 
@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from infra.bus import BusError, create_topics
-from infra.config import KafkaConfig
-from infra.progress import Progress, quiet
-from schemas.topics import namespaced
+from trainguard.infra.bus import BusError, create_topics
+from trainguard.infra.config import KafkaConfig
+from trainguard.infra.progress import Progress, quiet
+from trainguard.schemas.topics import namespaced
 
 #: the namespace ``trainguard replay`` writes to unless told ``--live``.
 SHADOW = "shadow"

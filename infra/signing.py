@@ -31,10 +31,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from schemas import topics as _topics
-from schemas.base import now_ms as _now_ms
-from schemas.config import ConfigError
-from schemas.typecheck import bounds
+from trainguard.schemas import topics as _topics
+from trainguard.schemas.base import now_ms as _now_ms
+from trainguard.schemas.config import ConfigError
+from trainguard.schemas.typecheck import bounds
 
 DECISIONS = _topics.DECISIONS.name
 JOBS = _topics.JOBS.name

@@ -5,12 +5,12 @@ The stream worker runs it in a thread of its own with a consumer group of its ow
 smoke`` and the tests run the very same :class:`Sink`.
 
 At-least-once: offsets are committed only after every event of the batch is either in ClickHouse
-or dead-lettered.  When ClickHouse is away (any failure :class:`~infra.clickhouse.store.StoreError`
+or dead-lettered.  When ClickHouse is away (any failure :class:`~trainguard.infra.clickhouse.store.StoreError`
 calls retryable) the loop drops its in-memory copy, rewinds to the committed offsets and waits (the
-shared :class:`~infra.backoff.Backoff` policy) before reading the batch again: memory stays bounded
+shared :class:`~trainguard.infra.backoff.Backoff` policy) before reading the batch again: memory stays bounded
 however long ClickHouse is down, nothing is lost and the process stays up.  Duplicates from
 redelivery collapse in the ReplacingMergeTree tables (ClickHouse's insert deduplication does not
-apply to them, see :mod:`infra.clickhouse.store`).
+apply to them, see :mod:`trainguard.infra.clickhouse.store`).
 
 When ClickHouse refuses rows for what they hold (a value out of its column's range), retrying
 cannot help and must not stall every topic: :class:`BatchWriter` bisects that table's part of the
@@ -18,7 +18,7 @@ batch until the refused events are isolated, inserts the rest and dead-letters e
 (``stage="sink:<table>"``, the server's message as the reason) on the dead-letter topic and in
 ``dead_letters``; an event whose row mapping raises is dead-lettered the same way without
 bisection.  Undecodable records, and records of the signed topics that fail verification
-(:mod:`infra.signing`: unsigned, forged, expired, replayed), are dead-lettered by the consumer
+(:mod:`trainguard.infra.signing`: unsigned, forged, expired, replayed), are dead-lettered by the consumer
 (published to the dead-letter topic, stage ``decode`` or ``auth``) and stored here: a forged
 decision is kept as evidence in ``dead_letters``, never as a decision.
 
@@ -41,16 +41,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from infra.backoff import Backoff
-from infra.bus import BusError, EventConsumer, EventProducer, dead_letter_for, verifier_for
-from infra.clickhouse.rows import TABLES, Row
-from infra.clickhouse.store import ClickHouseStore, StoreError, describe_error
-from infra.config import Settings
-from schemas.base import Event
-from schemas.codec import to_dict
-from schemas.control import DeadLetter
-from schemas.topics import DEAD_LETTERS, TOPICS, topic_for
-from schemas.typecheck import bounds
+from trainguard.infra.backoff import Backoff
+from trainguard.infra.bus import BusError, EventConsumer, EventProducer, dead_letter_for, verifier_for
+from trainguard.infra.clickhouse.rows import TABLES, Row
+from trainguard.infra.clickhouse.store import ClickHouseStore, StoreError, describe_error
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import to_dict
+from trainguard.schemas.control import DeadLetter
+from trainguard.schemas.topics import DEAD_LETTERS, TOPICS, topic_for
+from trainguard.schemas.typecheck import bounds
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class SinkStats:
 @dataclass(frozen=True)
 class _Source:
     """Stands in for the consumed record of an event that has none (a dead letter made by the
-    consumer): what :func:`~infra.bus.dead_letter_for` reads."""
+    consumer): what :func:`~trainguard.infra.bus.dead_letter_for` reads."""
 
     topic: str
     key: bytes | None

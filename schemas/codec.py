@@ -10,20 +10,20 @@ dead-letter record: not bytes, too large, not UTF-8, not JSON (integers of more 
 included), nested too deeply, unknown schema, unknown version, wrong type for this topic, or the
 first field that failed validation (with its path).  An event that decodes also encodes again
 (no lone surrogates), and its values fit the ClickHouse columns they are stored in (every field's
-``bounds``; see ``schemas.limits``).
+``bounds``; see ``trainguard.schemas.limits``).
 
->>> from schemas.workload import TrainingStep
+>>> from trainguard.schemas.workload import TrainingStep
 >>> ev = TrainingStep(job="j", rank=0, step=7, ts_ms=1, loss=float("nan"))
 >>> decode(encode(ev)).loss
 nan
 >>> decode(b'{"schema": "training_step", "version": 1, "job": "j", "rank": -3, "step": 1, "ts_ms": 1}')
 Traceback (most recent call last):
 ...
-schemas.codec.DecodeError: training_step.rank: -3 is below the minimum 0
+trainguard.schemas.codec.DecodeError: training_step.rank: -3 is below the minimum 0
 >>> decode(b'{"schema": "decision", "version": 1, "decision_id": "d", "ts_ms": 1, "job": "\\\\ud800"}')
 Traceback (most recent call last):
 ...
-schemas.codec.DecodeError: decision.job: string holds a lone surrogate U+D800 at character 0
+trainguard.schemas.codec.DecodeError: decision.job: string holds a lone surrogate U+D800 at character 0
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from typing import Any, TypeVar
 
 import orjson
 
-from schemas import control, telemetry, workload  # noqa: F401  (registers the event types)
-from schemas.base import EVENT_TYPES, Event
-from schemas.typecheck import SchemaError, from_mapping, show, show_text, to_plain
+from trainguard.schemas import control, telemetry, workload  # noqa: F401  (registers the event types)
+from trainguard.schemas.base import EVENT_TYPES, Event
+from trainguard.schemas.typecheck import SchemaError, from_mapping, show, show_text, to_plain
 
 #: Larger records are refused before parsing (a runaway producer must not OOM a worker).  The
-#: largest topic limit is 8 MiB (stack dumps, ``schemas.topics``), the producer's 16 MiB.
+#: largest topic limit is 8 MiB (stack dumps, ``trainguard.schemas.topics``), the producer's 16 MiB.
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 #: Deepest nesting of JSON arrays/objects accepted (the top-level object is depth 1).  Typed
 #: fields nest at most 5 deep (stack dump -> threads -> frame); the rest is for ``Any`` values

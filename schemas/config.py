@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from schemas.typecheck import SchemaError, from_mapping
+from trainguard.schemas.typecheck import SchemaError, from_mapping
 
 T = TypeVar("T")
 
@@ -105,7 +105,7 @@ def load_config(
     >>> load_config(Demo, {"prot": 9})
     Traceback (most recent call last):
     ...
-    schemas.config.ConfigError: Demo: unknown field(s) 'prot'
+    trainguard.schemas.config.ConfigError: Demo: unknown field(s) 'prot'
     """
     merged = dict(data or {})
     if env_prefix:

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from schemas.base import Event, register
-from schemas.enums import Action, Severity
-from schemas.limits import ID, JSON, NAME, NAMES, RANKS, TEXT, TS_MS
-from schemas.network import MachinePosition
-from schemas.topology import JobTopology
-from schemas.typecheck import bounds
+from trainguard.schemas.base import Event, register
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.limits import ID, JSON, NAME, NAMES, RANKS, TEXT, TS_MS
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.typecheck import bounds
 
 #: most detections one decision cites.
 MAX_DETECTION_IDS = 65_536

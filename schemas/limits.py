@@ -1,10 +1,10 @@
 """The limits every event field is declared with, chosen to fit where the value is stored.
 
-Each constant is ``bounds`` metadata (``schemas.typecheck``): the codec rejects a value outside
+Each constant is ``bounds`` metadata (``trainguard.schemas.typecheck``): the codec rejects a value outside
 it, so an event that decodes can always be encoded again and inserted into ClickHouse
 (``infra/clickhouse/migrations``; ``tests/infra/test_schema_columns.py`` checks every integer
 column against its field's range).  The ranges are generous for real clusters; the record size
-(``schemas.codec.MAX_RECORD_BYTES`` and each topic's ``max.message.bytes``) bounds the rest.
+(``trainguard.schemas.codec.MAX_RECORD_BYTES`` and each topic's ``max.message.bytes``) bounds the rest.
 
 * **Timestamps** (every ``*_ts_ms``/``*_ms`` instant): 0 .. 2100-01-01T00:00:00Z in epoch
   milliseconds.  ``ts_ms`` is also stored as ``DateTime('UTC')`` (seconds in a UInt32, up to
@@ -19,7 +19,7 @@ column against its field's range).  The ranges are generous for real clusters; t
 
 from __future__ import annotations
 
-from schemas.typecheck import bounds
+from trainguard.schemas.typecheck import bounds
 
 #: 2100-01-01T00:00:00Z in epoch milliseconds: the latest accepted instant.
 MAX_TS_MS = 4_102_444_800_000

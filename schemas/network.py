@@ -4,10 +4,10 @@ A large training cluster is a tree of switches: machines hang off a rack's leaf 
 a pod's spine switches, pods off the core.  Traffic inside a pod stays below the spines; traffic
 between pods crosses the core, where bandwidth is oversubscribed.  Arnold (ByteDance's scheduler)
 therefore places a job so each of its communication groups spans as few pods as possible, and
-TrainGuard's placement planner (:mod:`detectors.placement`) keeps it so through recoveries.
+TrainGuard's placement planner (:mod:`trainguard.detectors.placement`) keeps it so through recoveries.
 
 :class:`MachinePosition` is that position as data, carried per machine in the job's
-:class:`~schemas.control.JobSpec` (``positions``).  Rack names are only unique within their pod
+:class:`~trainguard.schemas.control.JobSpec` (``positions``).  Rack names are only unique within their pod
 (``rack_key`` qualifies them); an empty pod or rack means "not known".
 
 >>> p = MachinePosition(pod="pod-2", rack="r07")
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.limits import NAME
+from trainguard.schemas.limits import NAME
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from schemas.base import Event, register
-from schemas.limits import NAME, TS_MS, U64
-from schemas.typecheck import bounds
+from trainguard.schemas.base import Event, register
+from trainguard.schemas.limits import NAME, TS_MS, U64
+from trainguard.schemas.typecheck import bounds
 
 
 class GpuState(StrEnum):

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.base import Event
-from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
-from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
-from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, RankLiveness, StackDump, TrainingStep
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
+from trainguard.schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
+from trainguard.schemas.workload import (
+    FlightRecorderDump,
+    LogLine,
+    ProcessExit,
+    RankLiveness,
+    StackDump,
+    TrainingStep,
+)
 
 PREFIX = "trainguard."
 DAY_MS = 24 * 3600 * 1000

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from schemas.limits import MAX_RANK, NAME, NAMES
-from schemas.typecheck import bounds
+from trainguard.schemas.limits import MAX_RANK, NAME, NAMES
+from trainguard.schemas.typecheck import bounds
 
 Dim = Literal["tp", "dp", "pp"]
 DIMS: tuple[Dim, ...] = ("tp", "dp", "pp")

@@ -1,7 +1,7 @@
 """Strict conversion of decoded JSON/YAML values into typed dataclasses.
 
-One checker serves both wire events (``schemas.codec``) and configuration files
-(``schemas.config``), so "what a valid value is" is defined once.  Every failure is a
+One checker serves both wire events (``trainguard.schemas.codec``) and configuration files
+(``trainguard.schemas.config``), so "what a valid value is" is defined once.  Every failure is a
 :class:`SchemaError` that names the exact path of the bad value (``gpus[3].temperature_c``),
 which is what ends up in a dead-letter record or a config error message.
 

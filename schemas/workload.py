@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.base import Event, register
-from schemas.enums import ProcessRole
-from schemas.limits import I64, MAX_RANKS_LISTED, NAME, PID, RANK, RANK_OR_NONE, RANKS, TS_MS, U64
-from schemas.typecheck import bounds
+from trainguard.schemas.base import Event, register
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.limits import I64, MAX_RANKS_LISTED, NAME, PID, RANK, RANK_OR_NONE, RANKS, TS_MS, U64
+from trainguard.schemas.typecheck import bounds
 
 #: most threads, frames per thread and processes in one dump; py-spy prints one frame per Python
 #: (and with ``--native`` native) call, so even a deep recursion fits, and the record size limit

@@ -4,9 +4,9 @@ For each incident of the demo's summary (``--summary``, the JSON that ``traingua
 with: ``job`` and ``incidents: [{fault, machine, injected_at, recovered_s, action, ...}]``) this
 reads the window ``[injected_at - 10 s, injected_at + (recovered_s or 40) + 5 s]`` of the
 detectors' input topics (GPU/NIC/host telemetry, log lines, steps, exits, stack dumps, job
-specs, commands) from the real broker with :func:`infra.replay.record`, keeps the records of
+specs, commands) from the real broker with :func:`trainguard.infra.replay.record`, keeps the records of
 that job and of its machines (the machines and standbys of any of its specs), and writes
-``OUT/<fault>.jsonl`` in the :mod:`infra.replay` format.  Besides:
+``OUT/<fault>.jsonl`` in the :mod:`trainguard.infra.replay` format.  Besides:
 
 * the job's latest spec from *before* the window is put first (the jobs topic is compacted
   knowledge: the worker knows the topology from the job's start); its record time is set to the
@@ -43,12 +43,12 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.config import load_settings  # noqa: E402
-from infra.replay import record  # noqa: E402
-from schemas.base import Event  # noqa: E402
-from schemas.codec import DecodeError, decode  # noqa: E402
-from schemas.control import Command, Decision, JobSpec  # noqa: E402
-from schemas.topics import (  # noqa: E402
+from trainguard.infra.config import load_settings  # noqa: E402
+from trainguard.infra.replay import record  # noqa: E402
+from trainguard.schemas.base import Event  # noqa: E402
+from trainguard.schemas.codec import DecodeError, decode  # noqa: E402
+from trainguard.schemas.control import Command, Decision, JobSpec  # noqa: E402
+from trainguard.schemas.topics import (  # noqa: E402
     COMMANDS,
     DECISIONS,
     EXITS,
@@ -61,7 +61,7 @@ from schemas.topics import (  # noqa: E402
     STACKS,
     STEPS,
 )
-from schemas.workload import StackDump  # noqa: E402
+from trainguard.schemas.workload import StackDump  # noqa: E402
 
 INPUT_TOPICS = [GPU, HOST, NIC, LOGS, STEPS, EXITS, STACKS, FLIGHT_RECORDER, JOBS, COMMANDS, DECISIONS]
 #: worker config keys that are about the process, not the detectors.

@@ -11,7 +11,7 @@ group's ranks, entries in ``scheduled`` / ``started`` / ``completed``), not a mu
   while that collective is in flight -- as the training reporter does on a capture -- with each
   of PyTorch's four dump functions (NCCL's recorder and the generic one, pickle and JSON), into
   ``request/<function>/fr_trace_rank_0`` (named as PyTorch names dumps, ``<prefix><rank>``);
-* ``timeout``: a job whose training reporter (:class:`streams.reporter.Reporter`, created before
+* ``timeout``: a job whose training reporter (:class:`trainguard.streams.reporter.Reporter`, created before
   ``init_process_group``) set ``TORCH_FR_DUMP_TEMP_FILE`` and ``TORCH_NCCL_DUMP_ON_TIMEOUT``,
   with a 5 s collective timeout, queues an all-reduce behind a 30 s kernel: PyTorch's watchdog
   times it out and writes the dump itself, into the reporter's ``fr/timeout/rank_0`` -- the file
@@ -127,7 +127,7 @@ def pair_rank(out: Path, rank: int, port: int) -> None:
 
 def timeout_job(out: Path) -> None:
     sys.path.insert(0, str(ROOT))
-    from streams.reporter import Reporter
+    from trainguard.streams.reporter import Reporter
 
     out.mkdir(parents=True, exist_ok=True)
     rep = Reporter(

@@ -2,8 +2,8 @@
 # Sets up everything TrainGuard needs on a fresh Debian machine (idempotent, quick when done):
 # system packages (Java 17 + Maven for the Kafka broker, Debian's clickhouse-server, slurm-wlm + munge
 # for the optional local Slurm, prometheus and chromium for the tests, python3-venv),
-# then a virtualenv in .venv with the project and its pinned dependencies (pip's cache is kept,
-# so the multi-GB torch wheel is downloaded once per machine).
+# then a virtualenv in .venv with every role of the project at the exact versions of constraints.txt
+# (pip's cache is kept, so the multi-GB torch wheel is downloaded once per machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,19 +42,24 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Reinstall only when the dependency spec changed.
 stamp=.venv/.trainguard-installed
-want=$(cat pyproject.toml demo/pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml demo/pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Python dependencies (first run downloads torch: several GB, cached by pip)"
   .venv/bin/python -m pip install -q --upgrade pip
-  # Every role at once for a developer: the product with the node extra, the test tools, and the
-  # demo (its own distribution beside the product; it brings torch).
-  .venv/bin/python -m pip install -q -e ".[node,dev,k8s]" -e ./demo
+  # Every role at once for a developer: the product with all its extras, the test tools, and the
+  # demo (its own distribution beside the product; it brings torch), at the versions CI uses.
+  # The deprecated `pynvml` shim (replaced by nvidia-ml-py, which provides the same module) goes
+  # if an older setup left it: both ship pynvml.py, so nvidia-ml-py is reinstalled after it.
+  if .venv/bin/python -m pip show -q pynvml >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall -q -y pynvml nvidia-ml-py
+  fi
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[all,dev]" -e ./demo
   echo "$want" > "$stamp"
 fi
 # The Kubernetes control plane of `trainguard stack up --k8s` (and its tests), built from Go modules
 # once per machine into ~/.cache/trainguard (minutes cold; a no-op once built).
 if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then
-  .venv/bin/python -m infra.stack.k8s --build
+  .venv/bin/python -m trainguard.infra.stack.k8s --build
 else
   echo "setup: no Go toolchain: the Kubernetes control plane (stack up --k8s) is not built"
 fi

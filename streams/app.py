@@ -2,8 +2,8 @@
 
 ``build_app`` creates the app from the project's settings and registers every agent; several
 workers started with the same ``app_id`` form one consumer group and share the partitions.  The
-agents share one :class:`~detectors.routing.DetectionPath` (the routing the offline replay uses
-too).  The ClickHouse sink (:class:`infra.sink.Sink`) runs beside them in a thread of its own,
+agents share one :class:`~trainguard.detectors.routing.DetectionPath` (the routing the offline replay uses
+too).  The ClickHouse sink (:class:`trainguard.infra.sink.Sink`) runs beside them in a thread of its own,
 with a consumer group of its own (``<app_id>-sink``): a ClickHouse outage holds up the sink,
 never the detection agents.  With ``sink_process`` it runs as ``trainguard sink`` instead, a
 process of its own in the same group.  The worker's web server serves ``/metrics`` (Prometheus) and
@@ -21,21 +21,21 @@ import faust
 import mode
 from prometheus_client import generate_latest
 
-from detectors.keyed_state import PathState
-from detectors.routing import DetectionPath
-from infra.config import Settings
-from infra.sink import SinkThread
-from schemas.topics import namespaced
-from streams import jobs as job_specs
-from streams import priority
-from streams.agents import aggregation, control, decide, inspection, training
-from streams.config import WorkerConfig, sink_config
-from streams.context import WorkerContext
-from streams.jobs import JobDirectory
-from streams.kafka_compat import faust_broker
-from streams.loop_watch import LoopWatch
-from streams.metrics import JobCollector, SinkMetrics
-from streams.state import WorkerState
+from trainguard.detectors.keyed_state import PathState
+from trainguard.detectors.routing import DetectionPath
+from trainguard.infra.config import Settings
+from trainguard.infra.sink import SinkThread
+from trainguard.schemas.topics import namespaced
+from trainguard.streams import jobs as job_specs
+from trainguard.streams import priority
+from trainguard.streams.agents import aggregation, control, decide, inspection, training
+from trainguard.streams.config import WorkerConfig, sink_config
+from trainguard.streams.context import WorkerContext
+from trainguard.streams.jobs import JobDirectory
+from trainguard.streams.kafka_compat import faust_broker
+from trainguard.streams.loop_watch import LoopWatch
+from trainguard.streams.metrics import JobCollector, SinkMetrics
+from trainguard.streams.state import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def _register_sink(ctx: WorkerContext) -> SinkThread:
 
 
 def _register_loop_watch(ctx: WorkerContext) -> None:
-    """Log where the event loop is when it stops running (:mod:`streams.loop_watch`)."""
+    """Log where the event loop is when it stops running (:mod:`trainguard.streams.loop_watch`)."""
     counter = ctx.metrics.loop_blocked
 
     class LoopWatchService(mode.Service):

@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from detectors.capture import AggregationConfig
-from detectors.decide import DecideConfig
-from detectors.job_monitor import MonitorConfig
-from detectors.node_inspector import HostThresholds
-from detectors.registry import check_params
-from infra.sink import SinkConfig
-from schemas.topics import PREFIX, namespaced
-from schemas.typecheck import bounds
+from trainguard.detectors.capture import AggregationConfig
+from trainguard.detectors.decide import DecideConfig
+from trainguard.detectors.job_monitor import MonitorConfig
+from trainguard.detectors.node_inspector import HostThresholds
+from trainguard.detectors.registry import check_params
+from trainguard.infra.sink import SinkConfig
+from trainguard.schemas.topics import PREFIX, namespaced
+from trainguard.schemas.typecheck import bounds
 
 DEFAULT_APP_ID = "trainguard-worker"
 
@@ -25,8 +25,8 @@ class WorkerConfig:
     app_id: str = DEFAULT_APP_ID
     #: topic namespace: "" reads and writes the live topics; a name (``shadow``: where
     #: ``trainguard replay`` writes by default) maps every registry topic to its twin
-    #: ``trainguard.<namespace>.<rest>`` (:func:`schemas.topics.namespaced`), so the whole detection
-    #: path runs on a replayed stream beside the live one.  Such a worker never runs the ClickHouse
+    #: ``trainguard.<namespace>.<rest>`` (:func:`trainguard.schemas.topics.namespaced`), so the whole
+    #: detection path runs on a replayed stream beside the live one.  Such a worker never runs the ClickHouse
     #: sink (the tables hold the live topics), and the default app id becomes
     #: ``trainguard-worker-<namespace>`` (a consumer group of its own).
     topic_namespace: str = ""
@@ -48,7 +48,7 @@ class WorkerConfig:
     #: an agent whose input has lag but made no progress for this long fails /healthz.
     liveness_stall_s: float = field(default=60.0, metadata=bounds(1, 86_400))
     #: log the event loop thread's stack when the loop has not run for this long (0: off;
-    #: ``streams.loop_watch``): every decision waits while it is blocked.
+    #: ``trainguard.streams.loop_watch``): every decision waits while it is blocked.
     loop_block_warn_s: float = field(default=1.0, metadata=bounds(0, 3600))
     #: run the ClickHouse sink (its own thread and consumer group, ``<app_id>-sink`` unless
     #: ``sink.group_id`` says otherwise); without it the agents dead-letter the garbage they see.
@@ -59,7 +59,8 @@ class WorkerConfig:
     #: leaves garbage to the sink to dead-letter, so run ``trainguard sink`` beside it.
     sink_process: bool = False
     #: hand the agents what is buffered on urgent topics (log lines, exits, detections, decisions,
-    #: stack dumps...) before bulk telemetry (GPU, host, NIC, step samples): :mod:`streams.priority`.
+    #: stack dumps...) before bulk telemetry (GPU, host, NIC, step samples):
+    #: :mod:`trainguard.streams.priority`.
     urgent_first: bool = True
     #: at most this many records per fetch round (Faust's ``broker_max_poll_records``; 0: all that
     #: is buffered): how long an urgent record can wait for the round before it to be delivered.

@@ -26,16 +26,24 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.backoff import Backoff
-from infra.bus import authentic, coordinates, dead_letter_for, error_text, signer_for, trace_of, verifier_for
-from infra.config import Settings
-from infra.signing import SIGNED_TOPICS
-from schemas.base import Event
-from schemas.codec import DecodeError, decode, encode
-from schemas.topics import DEAD_LETTERS, TOPICS, Topic, namespaced, topic_for
-from streams.config import WorkerConfig
-from streams.kafka_compat import aiokafka_kwargs
-from streams.metrics import WorkerMetrics
+from trainguard.infra.backoff import Backoff
+from trainguard.infra.bus import (
+    authentic,
+    coordinates,
+    dead_letter_for,
+    error_text,
+    signer_for,
+    trace_of,
+    verifier_for,
+)
+from trainguard.infra.config import Settings
+from trainguard.infra.signing import SIGNED_TOPICS
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import DecodeError, decode, encode
+from trainguard.schemas.topics import DEAD_LETTERS, TOPICS, Topic, namespaced, topic_for
+from trainguard.streams.config import WorkerConfig
+from trainguard.streams.kafka_compat import aiokafka_kwargs
+from trainguard.streams.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +170,7 @@ class WorkerContext:
     ) -> None:
         """Decode one event and run ``body`` on it; any exception dead-letters the event.
 
-        ``store`` (a :class:`streams.state.StageStore`): the stage's kept state is restored for the
+        ``store`` (a :class:`trainguard.streams.state.StageStore`): the stage's kept state is restored for the
         event's key first, an event already in that state is skipped, and what changed is written
         after."""
         ev = await self.decode(event, agent)

@@ -15,14 +15,14 @@ import logging
 import threading
 import time
 
-from detectors.routing import INPUTS, JOB_SPECS, newer_spec
-from infra.clickhouse.store import ClickHouseStore, StoreError
-from infra.config import ClickHouseConfig
-from schemas.codec import DecodeError, decode
-from schemas.control import JobSpec
-from schemas.topology import JobTopology
-from schemas.typecheck import SchemaError, from_mapping
-from streams.context import WorkerContext
+from trainguard.detectors.routing import INPUTS, JOB_SPECS, newer_spec
+from trainguard.infra.clickhouse.store import ClickHouseStore, StoreError
+from trainguard.infra.config import ClickHouseConfig
+from trainguard.schemas.codec import DecodeError, decode
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.typecheck import SchemaError, from_mapping
+from trainguard.streams.context import WorkerContext
 
 log = logging.getLogger(__name__)
 

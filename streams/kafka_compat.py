@@ -1,7 +1,7 @@
 """KafkaConfig -> keyword arguments and credentials for aiokafka and Faust.
 
 The translation itself (names, SASL, TLS as an ``ssl.SSLContext``) lives in
-:meth:`infra.config.KafkaConfig.client_kwargs`, shared with the kafka-python clients, so TLS/SASL
+:meth:`trainguard.infra.config.KafkaConfig.client_kwargs`, shared with the kafka-python clients, so TLS/SASL
 settings mean the same thing for every client; this module only adds Faust's broker URL form.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.config import KafkaConfig
+from trainguard.infra.config import KafkaConfig
 
 
 def aiokafka_kwargs(cfg: KafkaConfig) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # the sink process imports these metrics: not the whole detection path
-    from detectors.routing import DetectionPath
+    from trainguard.detectors.routing import DetectionPath
 
 #: the sink's name in the per-agent metrics and in /healthz.
 SINK = "sink"
@@ -180,7 +180,7 @@ class WorkerMetrics:
 
 @dataclass
 class SinkMetrics:
-    """The worker's metrics as the sink's observer (:class:`infra.sink.SinkObserver`)."""
+    """The worker's metrics as the sink's observer (:class:`trainguard.infra.sink.SinkObserver`)."""
 
     metrics: WorkerMetrics
 

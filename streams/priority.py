@@ -27,7 +27,7 @@ from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from schemas.topics import GPU, HOST, NIC, STEPS
+from trainguard.schemas.topics import GPU, HOST, NIC, STEPS
 
 #: the registry topics whose records may wait behind each other: node telemetry and step samples,
 #: the bulk of what a worker reads.  Every other topic a worker reads is urgent.

@@ -1,6 +1,6 @@
 """The training reporter: step telemetry and exit reasons from inside a training process.
 
->>> from streams.reporter import Reporter
+>>> from trainguard.streams.reporter import Reporter
 >>> rep = Reporter(job="demo", rank=0, socket_path="/nonexistent/reporter.sock", capture_exceptions=False,
 ...                flight_recorder=False)
 >>> rep.step(1, loss=2.5, grad_norm=1.1, tokens=4096)
@@ -24,7 +24,7 @@ detector see a loader that starves compute.  Measure it around the fetch, nothin
         ...  # forward, backward, optimizer step
         rep.step(step, loss=loss, data_wait_s=data_wait_s)
 
-(With ``streams.data_position.DataPosition.batches``, time the ``next()`` on its iterator the same
+(With ``trainguard.streams.data_position.DataPosition.batches``, time the ``next()`` on its iterator the same
 way.)  A host-to-device copy belongs to the step, not to the wait.
 
 ``step()`` never blocks and never raises: it timestamps the call and appends a tuple to a bounded
@@ -67,10 +67,10 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-from schemas.base import Event
-from schemas.codec import encode
-from schemas.enums import ProcessRole
-from schemas.workload import LogLine, ProcessExit, TrainingStep
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import encode
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.workload import LogLine, ProcessExit, TrainingStep
 
 log = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ class Reporter:
     def log(self, line: str, source: str = "trainguard") -> bool:
         """Send one log line of the training process now (``LogLine``, this rank's job and node):
         for what the rule table should see at once and the process may not print -- the shadow
-        loader's takeovers (``streams.shadow_loader.LoaderEvent.line``).  Never raises; False when
+        loader's takeovers (``trainguard.streams.shadow_loader.LoaderEvent.line``).  Never raises; False when
         the exporter did not take it (its socket absent or full)."""
         with self._lock:
             self._log_seq += 1

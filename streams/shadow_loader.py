@@ -10,10 +10,10 @@ stall itself.  :class:`ShadowLoader` is that, for a standard ``torch.utils.data.
 * **Two lanes.**  Each lane is a DataLoader with ``persistent_workers`` driven by a thread of its
   own.  The active lane serves batches; the standby lane's workers are started (forked, the
   dataset and ``worker_init_fn`` ready) and idle, with nothing to read.
-* **Exact position.**  Both lanes read the same :class:`~streams.data_position.DataPosition`:
+* **Exact position.**  Both lanes read the same :class:`~trainguard.streams.data_position.DataPosition`:
   a lane's batch sampler is a *plan* -- the batches of ``(epoch seed, index)`` keys from the
   position on, epoch after epoch without end (each epoch's order, batched as a DataLoader with
-  the same ``batch_size`` and ``drop_last`` would) -- and :class:`~streams.data_position.
+  the same ``batch_size`` and ``drop_last`` would) -- and :class:`~trainguard.streams.data_position.
   SeededSamples` seeds each item from its key, so the standby produces, batch for batch, the
   samples the active lane would have (and a checkpoint taken after a takeover resumes exactly,
   on a plain loader too).  The position advances only by the batches handed to the training
@@ -33,7 +33,7 @@ stall itself.  :class:`ShadowLoader` is that, for a standard ``torch.utils.data.
 Every takeover, give-up and failed standby start goes to ``on_event`` as a :class:`LoaderEvent`,
 whose :meth:`LoaderEvent.line` is the log line TrainGuard's rule table knows
 (``detectors/rules/training.yaml``: ``shadow-loader-*``); the training reporter sends it with
-:meth:`streams.reporter.Reporter.log`.  ``detectors/data_path.py`` holds the decision table.
+:meth:`trainguard.streams.reporter.Reporter.log`.  ``detectors/data_path.py`` holds the decision table.
 
 Typical use::
 
@@ -65,8 +65,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.typecheck import bounds
-from streams.data_position import DataPosition, SeededSamples
+from trainguard.schemas.typecheck import bounds
+from trainguard.streams.data_position import DataPosition, SeededSamples
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ _OWN_ARGS = ("sampler", "batch_sampler", "shuffle", "persistent_workers", "timeo
 
 @dataclass(frozen=True)
 class ShadowLoaderConfig:
-    """Settings of :class:`ShadowLoader` (``schemas.config.load_config``: unknown keys are errors)."""
+    """Settings of :class:`ShadowLoader` (``trainguard.schemas.config.load_config``: unknown keys are
+    errors)."""
 
     #: the least a batch is waited for before the standby takes over.  Under the stall detector's
     #: ``min_stall_s``, so the job is stepping again before TrainGuard would call it hung.
@@ -148,7 +149,7 @@ def plan(position: DataPosition, batch_size: int, drop_last: bool) -> Iterator[P
     position's sampler would make them (``batch_size``, ``drop_last``: an epoch's short tail is
     dropped).  The position is read now; the plan does not follow it.
 
-    >>> from streams.data_position import ResumableSampler
+    >>> from trainguard.streams.data_position import ResumableSampler
     >>> p = DataPosition(ResumableSampler(5, shuffle=False))
     >>> p.sampler.offset = 2
     >>> batches = plan(p, 2, drop_last=True)

@@ -1,5 +1,5 @@
 """Detector state that survives a worker restart and a rebalance: one compacted changelog topic
-per stateful stage (:data:`detectors.keyed_state.STATEFUL`), ``<app_id>-state-<stage>-changelog``.
+per stateful stage (:data:`trainguard.detectors.keyed_state.STATEFUL`), ``<app_id>-state-<stage>-changelog``.
 
 A stage's state is kept per key of its input (a node's rule windows, a job's monitor), so it
 lives with the input partition: the changelog has the input's partition count and each key's
@@ -15,7 +15,7 @@ resumes them, and in the chaos suite's worker-kill scenario (``bench/chaos.py``)
 Faust's plain rebalance path, none was lost.
 
 What is written: every ``state_flush_s``, the state document of each key whose state changed
-(:meth:`detectors.keyed_state.PathState.take_dirty`), together with the input offset of the last
+(:meth:`trainguard.detectors.keyed_state.PathState.take_dirty`), together with the input offset of the last
 event applied to it -- after the worker's producer has flushed, so everything those events
 emitted is in Kafka first (:meth:`WorkerState.flush`).  An event at or below that offset was
 applied before the state was written: after a restart it is skipped, so a redelivered NIC flap is
@@ -24,7 +24,7 @@ was not lost.  Before a partition is given up the worker writes everything chang
 so the next owner's recovery sees it.
 
 A state document that does not restore (garbage on the changelog, another version, a class not
-allowed: :mod:`detectors.state`) is logged and skipped: the key starts from empty, as it would
+allowed: :mod:`trainguard.detectors.state`) is logged and skipped: the key starts from empty, as it would
 have without a changelog.  The changelog topics are compacted; ``trainguard worker`` creates them
 (:func:`changelog_topics`) because Faust is not allowed to create topics.
 """
@@ -39,14 +39,14 @@ from typing import Any
 
 import orjson
 
-from detectors.keyed_state import STATEFUL, PathState
-from detectors.routing import INPUTS
-from detectors.state import StateError
-from infra.backoff import Backoff
-from schemas.base import Event, now_ms
-from schemas.topics import Topic
-from streams.context import WorkerContext
-from streams.kafka_compat import aiokafka_kwargs
+from trainguard.detectors.keyed_state import STATEFUL, PathState
+from trainguard.detectors.routing import INPUTS
+from trainguard.detectors.state import StateError
+from trainguard.infra.backoff import Backoff
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.topics import Topic
+from trainguard.streams.context import WorkerContext
+from trainguard.streams.kafka_compat import aiokafka_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings, load_settings
-from infra.stack.manager import Stack
 from tests.k8s_fixture import k8s_cluster, k8s_job  # noqa: F401 -- one private Kubernetes per session
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings, load_settings
+from trainguard.infra.stack.manager import Stack
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """A real private Kubernetes control plane for the tests (no mocked client, no mocked API).
 
-``trainguard stack up --k8s``'s own code (:class:`infra.stack.k8s.K8sCluster`) starts etcd,
+``trainguard stack up --k8s``'s own code (:class:`trainguard.infra.stack.k8s.K8sCluster`) starts etcd,
 kube-apiserver, kube-scheduler, kube-controller-manager, kwok and the pod runner in a temporary
 stack home on free ports, once per test session, with eight kwok nodes ``n1``..``n8``.  The
 binaries come from ``scripts/setup.sh``'s build (cached per machine).
@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from actions.executors.base import ExecutorEnv, StepContext
-from actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
-from infra.config import load_settings
-from infra.stack.k8s import K8sCluster
-from schemas.base import now_ms
-from schemas.control import JobSpec
-from schemas.topology import JobTopology
 from tests.net import free_port_range, free_ports
 from tests.waiting import wait_until
+from trainguard.actions.executors.base import ExecutorEnv, StepContext
+from trainguard.actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
+from trainguard.infra.config import load_settings
+from trainguard.infra.stack.k8s import K8sCluster
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.topology import JobTopology
 
 NODES = 8
 #: the eviction's taint, and the one the node controller adds to a cordoned node.

@@ -7,12 +7,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from infra.bus import create_topics
-from infra.config import Settings, load_settings
-from infra.signing import init_keys
-from infra.stack.kafka import KafkaServer
-from schemas.topics import Topic
 from tests.net import free_ports
+from trainguard.infra.bus import create_topics
+from trainguard.infra.config import Settings, load_settings
+from trainguard.infra.signing import init_keys
+from trainguard.infra.stack.kafka import KafkaServer
+from trainguard.schemas.topics import Topic
 
 
 @contextmanager

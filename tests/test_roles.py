@@ -1,10 +1,14 @@
-"""A role install without extras runs a stream worker and an action service: no torch, no NVML,
-no setproctitle, no demo.
+"""Each service role runs with only its own extras installed: no torch, no NVML, no demo anywhere.
+
+- the stream worker (``pip install "trainguard[worker,store]"``): no plotly, no Kubernetes client;
+- the action service (``pip install "trainguard[actions]"``): none of the worker's Faust, aiokafka,
+  numpy or scikit-learn, no ClickHouse client, no plotly.
 
 The development virtualenv has everything installed, so each process here starts behind an
-import blocker (a meta-path finder that refuses ``torch``, ``setproctitle``, ``pynvml`` and the
-demo package ``trainguard_demo``), exactly as if those distributions were absent.  The worker
-must become healthy and the action service must start consuming, against the real local stack.
+import blocker (a meta-path finder that refuses the modules its role does not install), exactly as
+if those distributions were absent.  The worker must become healthy and the action service must
+start consuming, against the real local stack.  (The training side's closure, standard library
+only, is checked in ``tests/trainguard/test_import_root.py``.)
 """
 
 from __future__ import annotations
@@ -22,16 +26,19 @@ import pytest
 from tests.net import free_port
 from tests.waiting import wait_until
 
-#: what a base install (``pip install trainguard``) does not have.
+#: what no service role installs.
 ABSENT = ("torch", "setproctitle", "pynvml", "trainguard_demo")
+#: and what each role does not install beyond that.
+WORKER_ABSENT = (*ABSENT, "plotly", "kubernetes")
+ACTIONS_ABSENT = (*ABSENT, "plotly", "faust", "mode", "aiokafka", "numpy", "sklearn", "clickhouse_connect")
 
-BLOCKER = f"""
+BLOCKER = """
 import importlib.abc, sys
-ABSENT = {ABSENT!r}
+ABSENT = {absent!r}
 class _Absent(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ABSENT:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked: not in a base install)", name=name)
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked: not in this role's install)", name=name)
         return None
 sys.meta_path.insert(0, _Absent())
 sys.argv[0] = "trainguard"
@@ -40,10 +47,12 @@ main()
 """
 
 
-def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _start(
+    args: list[str], log: Path, env: dict[str, str], absent: tuple[str, ...]
+) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", BLOCKER, *args],
+            [sys.executable, "-c", BLOCKER.format(absent=absent), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
@@ -63,9 +72,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def test_blocker_blocks() -> None:
     """The blocker really hides torch (otherwise the tests below prove nothing)."""
-    code = BLOCKER.replace("from trainguard.cli import main\nmain()", "import torch")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert res.returncode != 0 and "blocked: not in a base install" in res.stderr
+    for module in ("torch", "faust"):
+        code = BLOCKER.format(absent=ACTIONS_ABSENT).replace(
+            "from trainguard.cli import main\nmain()", f"import {module}"
+        )
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert res.returncode != 0 and "blocked: not in this role's install" in res.stderr
 
 
 def _healthy(port: int) -> bool:
@@ -78,13 +90,14 @@ def _healthy(port: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_worker_and_action_service_run_without_torch(tmp_path: Path) -> None:
+def test_worker_and_action_service_run_with_their_role_installs_only(tmp_path: Path) -> None:
     port = free_port()
     worker_log, actions_log = tmp_path / "worker.log", tmp_path / "actions.log"
     worker = _start(
         ["worker", "--app-id", f"tg-role-{uuid.uuid4().hex[:8]}", "--web-port", str(port)],
         worker_log,
         {"TRAINGUARD__WORKER__AUTO_OFFSET_RESET": "latest"},
+        WORKER_ABSENT,
     )
     actions = _start(
         ["actions"],
@@ -95,6 +108,7 @@ def test_worker_and_action_service_run_without_torch(tmp_path: Path) -> None:
             "TRAINGUARD__ACTIONS__GROUP_ID": f"tg-role-{uuid.uuid4().hex[:8]}",
             "TRAINGUARD__ACTIONS__JOBS": "[role-test-job]",
         },
+        ACTIONS_ABSENT,
     )
     try:
         wait_until(

@@ -4,22 +4,31 @@ errors into clean exits."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
-from infra.bus import BusError
-from infra.clickhouse.store import StoreError
-from infra.config import Settings, load_settings
-from infra.progress import Progress
-from infra.stack.procs import StackError
-from schemas.config import ConfigError
+from trainguard.infra.config import Settings, load_settings
+from trainguard.infra.progress import Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: errors whose message is the whole story: printed without a traceback, exit code 2.
-USER_ERRORS = (StackError, StoreError, BusError, ConfigError)
+#: errors whose message is the whole story: printed without a traceback, exit code 2.  Named, not
+#: imported: a command imports only its own role's modules (the exporter has no ClickHouse store),
+#: and an error class whose module was never imported cannot have been raised.
+USER_ERRORS = (
+    ("trainguard.infra.stack.procs", "StackError"),
+    ("trainguard.infra.clickhouse.store", "StoreError"),
+    ("trainguard.infra.bus", "BusError"),
+    ("trainguard.schemas.config", "ConfigError"),
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The classes of :data:`USER_ERRORS` that are loaded."""
+    return tuple(getattr(sys.modules[mod], name) for mod, name in USER_ERRORS if mod in sys.modules)
 
 
 def settings(ctx: click.Context) -> Settings:
@@ -45,7 +54,9 @@ def friendly_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except USER_ERRORS as exc:
-            raise click.ClickException(str(exc)) from exc
+        except Exception as exc:
+            if isinstance(exc, user_errors()):
+                raise click.ClickException(str(exc)) from exc
+            raise
 
     return wrapper  # type: ignore[return-value]

@@ -43,15 +43,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from actions.executors.slurm import expand_hostlist
-from actions.positions import TopologyConfError, parse_topology_conf
-from schemas.base import now_ms
-from schemas.control import JobSpec
-from schemas.limits import NAME
-from schemas.network import MachinePosition
-from schemas.topology import JobTopology
-from schemas.typecheck import bounds
-from streams.reporter import DEFAULT_SOCKET
+from trainguard.actions.executors.slurm import expand_hostlist
+from trainguard.actions.positions import TopologyConfError, parse_topology_conf
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.limits import NAME
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.typecheck import bounds
+from trainguard.streams.reporter import DEFAULT_SOCKET
 
 #: a derived rendezvous port is ``PORT_BASE + job id % PORT_SPAN``: below Linux's ephemeral range
 #: (32768+), so no outgoing connection holds it by chance, and the same for every task of a job.

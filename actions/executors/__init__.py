@@ -1,6 +1,6 @@
 """Executor plugins: the interface and the registry (executors are found by entry point)."""
 
-from actions.executors.base import (
+from trainguard.actions.executors.base import (
     DiagnosticResult,
     Executor,
     ExecutorEnv,

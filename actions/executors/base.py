@@ -1,7 +1,7 @@
 """The executor plugin interface: what the action service asks a cluster to do.
 
 An executor turns recovery steps into effects on one kind of cluster: the local demo cluster
-(real processes), Kubernetes, Slurm -- or nothing at all (:mod:`~actions.executors.dry_run`).
+(real processes), Kubernetes, Slurm -- or nothing at all (:mod:`~trainguard.actions.executors.dry_run`).
 It is a small class implementing :class:`Executor`, published by its package as an
 :class:`ExecutorPlugin` under the ``trainguard.executors`` entry point group (the product never
 imports an executor by name)::
@@ -23,8 +23,8 @@ Contract for every method:
 * **idempotent** -- the service records a step as done only after the call returns, so after a
   crash the step that was in flight runs again with the same ``ctx.op_id``; evicting an evicted
   machine, activating an active standby or stopping a stopped job must be harmless no-ops;
-* **errors say whether to retry** -- raise :class:`~actions.errors.TemporaryError` (``delay``
-  optional) when a retry can help, :class:`~actions.errors.PermanentError` when it cannot;
+* **errors say whether to retry** -- raise :class:`~trainguard.actions.errors.TemporaryError` (``delay``
+  optional) when a retry can help, :class:`~trainguard.actions.errors.PermanentError` when it cannot;
 * **deadlines** -- honour ``ctx.deadline`` (``ctx.remaining()`` seconds); the service cannot kill
   a call that overruns;
 * **no spec bookkeeping** -- the service computes and publishes the new JobSpec after standbys
@@ -40,8 +40,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from schemas.config import ConfigError, load_config
-from schemas.control import JobSpec, stable_id
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.control import JobSpec, stable_id
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Executor(Protocol):
     ``op_id`` (e.g. the commands it ran), added to that step's action event; and
     ``ready_standbys(spec, standbys) -> list[str]``, which of the pool's ``standbys`` could take
     a place right now (a swap takes those first, and waits only for what the ready ones
-    cannot cover); for topology-aware swaps (:mod:`actions.placement`),
+    cannot cover); for topology-aware swaps (:mod:`trainguard.actions.placement`),
     ``machine_positions(names) -> {name: MachinePosition}`` (where machines sit in the network),
     ``free_machines(job) -> list[str]`` and ``provision_standbys_on(job, machines, ctx)`` (start
     standbys on the machines the planner picked)."""

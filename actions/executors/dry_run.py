@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
-from schemas.base import now_ms
-from schemas.control import JobSpec
-from schemas.network import MachinePosition
-from schemas.typecheck import bounds
+from trainguard.actions.errors import PermanentError, TemporaryError
+from trainguard.actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)

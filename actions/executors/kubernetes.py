@@ -25,7 +25,7 @@ training pod if still there.
   pod ``restart`` creates takes the node at once;
 * ``machine_positions`` reads a node's pod and rack from its labels (``topology_pod_labels``,
   ``topology_rack_labels``); ``free_machines`` / ``provision_standbys_on`` let the action service
-  choose the standbys' nodes (:mod:`actions.placement`);
+  choose the standbys' nodes (:mod:`trainguard.actions.placement`);
 * ``restart`` creates the job's pods on the spec's machines (fresh names per restart) and waits
   until each is Running;
 * ``hot_update`` writes the version into the job's ConfigMap (``<job>-code``, key ``version``):
@@ -64,12 +64,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
-from actions.positions import POD_LABELS, RACK_LABELS, positions_from_node_labels
-from schemas.control import JobSpec
-from schemas.network import MachinePosition
-from schemas.typecheck import bounds
+from trainguard.actions.errors import PermanentError, TemporaryError
+from trainguard.actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from trainguard.actions.positions import POD_LABELS, RACK_LABELS, positions_from_node_labels
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.typecheck import bounds
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class KubernetesExecutorConfig:
     #: API calls kept per op id for ``detail``.
     history: int = field(default=200, metadata=bounds(1, 100_000))
     #: node labels naming a node's pod (spine group) and rack (leaf switch), the first one set
-    #: wins; read for the action service's topology-aware swaps (:mod:`actions.placement`).
+    #: wins; read for the action service's topology-aware swaps (:mod:`trainguard.actions.placement`).
     topology_pod_labels: list[str] = field(default_factory=lambda: list(POD_LABELS))
     topology_rack_labels: list[str] = field(default_factory=lambda: list(RACK_LABELS))
 

@@ -20,7 +20,7 @@ Recovery therefore never waits in the queue:
 * ``hot_update`` switches the code version (``hot_update_command``, then ``version_file``); the
   plan's next step restarts the job, whose ranks get it as ``TRAINGUARD_CODE_VERSION``.
 * ``machine_positions`` reads each node's leaf switch and spine from ``topology.conf``, for the
-  action service's topology-aware choice of standbys (:mod:`actions.placement`).
+  action service's topology-aware choice of standbys (:mod:`trainguard.actions.placement`).
 
 The training step's ``srun`` runs on the action service's host (its own session, output in
 ``<state dir>/slurm/<job>/step-<n>.log``), so that host must be a Slurm submit host; the step
@@ -65,13 +65,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
-from actions.executors.hostlist import expand_hostlist
-from actions.positions import parse_topology_conf
-from schemas.control import JobSpec
-from schemas.network import MachinePosition
-from schemas.typecheck import bounds
+from trainguard.actions.errors import PermanentError, TemporaryError
+from trainguard.actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from trainguard.actions.executors.hostlist import expand_hostlist
+from trainguard.actions.positions import parse_topology_conf
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.typecheck import bounds
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ mutates them) and hands it to a writer thread, which serialises it and writes
 
 * its own shard ``<own machine>/ckpt/<job>/step-S/rank-R.pt`` and
 * a backup ``<peer machine>/ckpt/<job>/backup/step-S/rank-R.pt``, where the peer machine shares
-  no TP, PP or DP group with this machine (:func:`detectors.planning.machine_backup_peers`), so
+  no TP, PP or DP group with this machine (:func:`trainguard.detectors.planning.machine_backup_peers`), so
   over-evicting a whole parallel group never takes a shard and its backup together.
 
 Each ``.pt`` is written under a temp name and renamed, then a small manifest ``rank-R.json``
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from detectors.planning import PlanningError, machine_backup_peers
+from trainguard.detectors.planning import PlanningError, machine_backup_peers
 from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.faults import hang_forever
 

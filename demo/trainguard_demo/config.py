@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from schemas.topology import JobTopology
+from trainguard.schemas.topology import JobTopology
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class LaunchSpec:
     pg_timeout_s: float = 600.0
     #: reporter socket; empty = $TRAINGUARD_REPORTER_SOCKET or the reporter's default.
     reporter_socket: str = ""
-    #: batches through :class:`streams.shadow_loader.ShadowLoader` (a warm standby loader takes
+    #: batches through :class:`trainguard.streams.shadow_loader.ShadowLoader` (a warm standby loader takes
     #: over a hung one in place); False: one plain DataLoader, as the baseline job has.
     shadow_loader: bool = True
     #: DataLoader worker processes per loader (the shadow loader has two loaders).

@@ -2,12 +2,12 @@
 
 Sample ``i`` is the corpus window starting near ``i * seq_len`` (a random shift of up to
 ``seq_len // 2`` characters: augmentation drawn in the loader's workers).  Each DP replica reads
-its share of a shuffled epoch (:class:`streams.data_position.ResumableSampler`), the draws are
-seeded per sample (:class:`streams.data_position.SeededSamples`), and the position -- epoch,
+its share of a shuffled epoch (:class:`trainguard.streams.data_position.ResumableSampler`), the draws are
+seeded per sample (:class:`trainguard.streams.data_position.SeededSamples`), and the position -- epoch,
 samples consumed -- is saved in every checkpoint, so a restarted job reads exactly the batches
 it would have read (``tests/demo/test_data_path.py`` checks it by hash per step).
 
-The batches come from :class:`streams.shadow_loader.ShadowLoader` (a worker set with a warm
+The batches come from :class:`trainguard.streams.shadow_loader.ShadowLoader` (a worker set with a warm
 standby; TrainGuard's job) or from one plain ``DataLoader`` (``--no-shadow-loader``: the
 baseline).  A worker is where the ``hang-dataloader`` fault blocks: the first worker that reads a
 sample after the fault is injected hangs (and marks the fault fired, so a standby's workers and
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from streams.data_position import DataPosition, SeededSamples
+from trainguard.streams.data_position import DataPosition, SeededSamples
 from trainguard_demo.corpus import corpus_text, encode
 from trainguard_demo.faults import FaultPoller, hang_forever
 

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
-from infra.proctable import LIVE
-from schemas.control import JobSpec
-from schemas.topology import JobTopology
-from schemas.typecheck import bounds
+from trainguard.actions.errors import PermanentError, TemporaryError
+from trainguard.actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from trainguard.infra.proctable import LIVE
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.typecheck import bounds
 from trainguard_demo import codever
 from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.diagnostics import LOCAL_TESTS, LocalFaults, prewarm, run_local

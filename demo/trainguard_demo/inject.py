@@ -22,7 +22,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from infra.config import Settings
+from trainguard.infra.config import Settings
 from trainguard_demo import faults
 
 MACHINE_FAULTS = ("xid", "nic-down", "nic-flap", "gpu-lost", "machine-freeze")
@@ -75,11 +75,11 @@ def _set_nic(cluster_dir: Path, machine: str, up: bool) -> None:
 def push_buggy_code(settings: Settings, cluster_dir: Path, job: str, version: str = "v2-buggy") -> str:
     """A bad code push, the way operators push code: an urgent code update through the action
     service (which records it, so a rollback knows where to go back to)."""
-    from actions.plans import CodeUpdate
-    from infra.bus import EventProducer, signer_for
-    from schemas.base import now_ms
-    from schemas.control import stable_id
-    from schemas.topics import DECISIONS
+    from trainguard.actions.plans import CodeUpdate
+    from trainguard.infra.bus import EventProducer, signer_for
+    from trainguard.schemas.base import now_ms
+    from trainguard.schemas.control import stable_id
+    from trainguard.schemas.topics import DECISIONS
     from trainguard_demo import codever
 
     previous = codever.current_version(cluster_dir)

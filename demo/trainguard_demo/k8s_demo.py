@@ -35,18 +35,18 @@ from typing import Any
 import click
 import yaml
 
-from actions.executors.base import ExecutorEnv, StepContext
-from actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
-from infra.bus import EventProducer, signer_for
-from infra.config import Settings
-from infra.k8s.apply import apply_documents
-from infra.k8s.bootstrap import JOBS_NAMESPACE, node_states
-from infra.stack.k8s import K8sCluster
-from infra.stack.manager import Stack
-from infra.stack.podrunner import LOCAL_RUN_LABEL
-from schemas.base import now_ms
-from schemas.control import JobSpec
-from schemas.topics import JOBS
+from trainguard.actions.executors.base import ExecutorEnv, StepContext
+from trainguard.actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import Settings
+from trainguard.infra.k8s.apply import apply_documents
+from trainguard.infra.k8s.bootstrap import JOBS_NAMESPACE, node_states
+from trainguard.infra.stack.k8s import K8sCluster
+from trainguard.infra.stack.manager import Stack
+from trainguard.infra.stack.podrunner import LOCAL_RUN_LABEL
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.topics import JOBS
 from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.k8s_node import standby_probe
 from trainguard_demo.run import Demo, DemoConfig
@@ -195,7 +195,7 @@ class K8sDemo(Demo):
         )
 
     def start(self) -> LaunchSpec:
-        from infra.stack.procs import port_in_use
+        from trainguard.infra.stack.procs import port_in_use
 
         if port_in_use(self.cfg.web_port):
             raise click.ClickException(

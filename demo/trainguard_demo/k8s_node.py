@@ -1,7 +1,7 @@
 """What a pod of the demo runs on the stack's Kubernetes (``trainguard demo --cluster k8s``).
 
 The stack's pod runner starts these as the pods' container commands (see
-:mod:`infra.stack.podrunner`); ``$TRAINGUARD_NODE`` names the demo machine (the pod's node).
+:mod:`trainguard.infra.stack.podrunner`); ``$TRAINGUARD_NODE`` names the demo machine (the pod's node).
 
 * ``machine``: one machine of the demo job, as torchrun would run it in a JobSet's pod: it
   starts the machine's ``ranks_per_machine`` trainer processes (ranks

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from infra.proctable import LIVE
+from trainguard.infra.proctable import LIVE
 from trainguard_demo.config import ClusterPaths, LaunchSpec, write_atomic
 
 

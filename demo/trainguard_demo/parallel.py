@@ -1,7 +1,7 @@
 """Process groups and the collective building blocks of TP, PP and DP (gloo, CPU).
 
 :func:`build_groups` creates one gloo group per TP, DP and PP group of the
-:class:`~schemas.topology.JobTopology` (every rank must create every group, in the same order,
+:class:`~trainguard.schemas.topology.JobTopology` (every rank must create every group, in the same order,
 which is why it walks all groups rather than only its own).  The TP layers follow Megatron-LM:
 
 * :class:`ColumnParallelLinear` keeps a slice of the output features; its input passes through
@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from schemas.topology import DIMS, Coords, JobTopology
+from trainguard.schemas.topology import DIMS, Coords, JobTopology
 
 Group = Any  # torch's ProcessGroup; typed loosely because its stub varies between releases
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
-from infra.clickhouse.postmortem import ettr, sliding_ettr
-from infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.clickhouse.postmortem import ettr, sliding_ettr
+from trainguard.infra.clickhouse.store import ClickHouseStore
 
 if TYPE_CHECKING:
     from trainguard_demo.baseline import BaselineSupervisor

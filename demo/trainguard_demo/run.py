@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
-from infra.bus import EventProducer, signer_for
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings
-from infra.stack.manager import Stack
-from schemas.base import now_ms
-from schemas.control import JobSpec
-from schemas.topics import JOBS
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.manager import Stack
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.topics import JOBS
 from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.inject import inject
 from trainguard_demo.launcher import (
@@ -261,7 +261,7 @@ class Demo:
 
     # -- the run --------------------------------------------------------------------------------
     def start(self) -> LaunchSpec:
-        from infra.stack.procs import port_in_use
+        from trainguard.infra.stack.procs import port_in_use
 
         if port_in_use(self.cfg.web_port):
             raise click.ClickException(
@@ -400,7 +400,7 @@ class Demo:
     def _recovery_line(self) -> str:
         """The action service's view, read from its progress store (SQLite allows a reader next
         to the writer) rather than by a ``trainguard actions status`` process every few seconds."""
-        from actions.progress import ProgressStore
+        from trainguard.actions.progress import ProgressStore
 
         path = self.dir / "actions" / "progress.sqlite"
         if not path.exists():
@@ -498,8 +498,8 @@ class Demo:
     def write_report(self) -> str:
         """The run's HTML postmortem (``trainguard report``'s page) in the run dir; its path, or
         "" when it could not be written (said on the console: the run's result stands without it)."""
-        from infra.report import data as report_data
-        from infra.report.render import render
+        from trainguard.infra.report import data as report_data
+        from trainguard.infra.report.render import render
 
         path = self.dir / "report.html"
         baseline = f"{self.job}-baseline" if self.baseline is not None else None

@@ -31,9 +31,9 @@ from typing import Any
 import click
 import yaml
 
-from infra.config import Settings
-from infra.stack.manager import Stack
-from infra.stack.slurm import Slurm
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.manager import Stack
+from trainguard.infra.stack.slurm import Slurm
 from trainguard_demo.config import LaunchSpec, write_atomic
 from trainguard_demo.run import Demo, DemoConfig
 from trainguard_demo.slurm_node import base_spec_path, reference_path
@@ -155,7 +155,7 @@ wait $exporters
         return slurm
 
     def start(self) -> LaunchSpec:
-        from infra.stack.procs import port_in_use
+        from trainguard.infra.stack.procs import port_in_use
 
         if port_in_use(self.cfg.web_port):
             raise click.ClickException(

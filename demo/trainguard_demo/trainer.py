@@ -10,7 +10,7 @@ machine's faults and the code version (in-place hot update), runs the pipeline s
 gradients over DP, clips by the global norm, steps AdamW (with ``--nan-check``, a non-finite loss
 then raises ``FloatingPointError``), hands a snapshot with the data position to the checkpoint
 writer every ``--checkpoint-every`` steps (default 1: every step), reports ``loss``/``grad_norm``/
-``tokens``/``data_wait_s`` through :class:`streams.reporter.Reporter` and rewrites its progress file
+``tokens``/``data_wait_s`` through :class:`trainguard.training.Reporter` and rewrites its progress file
 ``machines/<m>/run/<job>/rank-R.json`` (``step``, ``loss``, ``ts``, ``status`` ...), whose stale
 ``ts`` is what a hang looks like from outside.  Failures raise: the traceback goes to stderr and
 the exit code is 1 (or the signal's, for ``crash`` with a signal).
@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from streams.data_position import DataPosition, ResumableSampler
-from streams.reporter import Reporter
-from streams.shadow_loader import LoaderEvent, ShadowLoader
+from trainguard.streams.data_position import DataPosition, ResumableSampler
+from trainguard.streams.reporter import Reporter
+from trainguard.streams.shadow_loader import LoaderEvent, ShadowLoader
 from trainguard_demo.checkpoint import CheckpointWriter, latest_complete, load_shard, snapshot
 from trainguard_demo.codever import CodeWatcher
 from trainguard_demo.config import LaunchSpec, ModelConfig, write_atomic
@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="raise FloatingPointError on a non-finite loss")  # fmt: skip
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--shadow-loader", action=argparse.BooleanOptionalAction, default=True,
-                   help="a warm standby loader takes over a hung one (streams.shadow_loader)")  # fmt: skip
+                   help="a standby loader takes over a hung one (trainguard.training)")  # fmt: skip
     p.add_argument("--data-workers", type=int, default=1, help="DataLoader worker processes per loader")
     p.add_argument("--batch-log", default="", help="append 'step sha256' per step to PATH.rank-R")
     p.add_argument("--pg-timeout", type=float, default=600.0)

@@ -27,7 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-from infra.proctable import LIVE
+from trainguard.infra.proctable import LIVE
 from trainguard_demo.config import ClusterPaths, write_atomic
 
 

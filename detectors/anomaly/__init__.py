@@ -1,11 +1,11 @@
-"""Streaming anomaly detectors over node metrics, one per module (see :mod:`detectors.base`).
+"""Streaming anomaly detectors over node metrics, one per module (see :mod:`trainguard.detectors.base`).
 
 Importing this package is light: the torch autoencoder imports torch only when it first trains,
 and scikit-learn is imported on the first Isolation Forest fit.
 """
 
-from detectors.anomaly.autoencoder import Autoencoder
-from detectors.anomaly.ewma import EWMAZScore
-from detectors.anomaly.iforest import WindowedIsolationForest
+from trainguard.detectors.anomaly.autoencoder import Autoencoder
+from trainguard.detectors.anomaly.ewma import EWMAZScore
+from trainguard.detectors.anomaly.iforest import WindowedIsolationForest
 
 __all__ = ["Autoencoder", "EWMAZScore", "WindowedIsolationForest"]

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import AnomalyDetector, clean_sample, finite_score
-from schemas.typecheck import bounds
+from trainguard.detectors.base import AnomalyDetector, clean_sample, finite_score
+from trainguard.schemas.typecheck import bounds
 
 Z_CLIP = 1e6
 ADAM_BETAS = (0.9, 0.999)

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.base import AnomalyDetector, clean_sample, finite_score
-from schemas.typecheck import bounds
+from trainguard.detectors.base import AnomalyDetector, clean_sample, finite_score
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)

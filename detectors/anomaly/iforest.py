@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import AnomalyDetector, clean_sample, finite_score
-from schemas.typecheck import bounds
+from trainguard.detectors.base import AnomalyDetector, clean_sample, finite_score
+from trainguard.schemas.typecheck import bounds
 
 F32_MAX = float(np.finfo(np.float32).max)
 

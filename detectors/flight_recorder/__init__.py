@@ -2,7 +2,7 @@
 job is stuck in, the ranks it waits for, and the parallel group to evict.  Pure: file reading at
 most, no network or subprocesses."""
 
-from detectors.flight_recorder.analysis import (
+from trainguard.detectors.flight_recorder.analysis import (
     FlightRecorderConfig,
     FlightRecorderResult,
     GroupState,
@@ -10,8 +10,8 @@ from detectors.flight_recorder.analysis import (
     StuckCollective,
     analyze_dumps,
 )
-from detectors.flight_recorder.events import dump_to_event, event_to_dump
-from detectors.flight_recorder.load import (
+from trainguard.detectors.flight_recorder.events import dump_to_event, event_to_dump
+from trainguard.detectors.flight_recorder.load import (
     Entry,
     FlightRecorderError,
     Group,

@@ -33,10 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.eviction import check_preference, choose_group, preference_order
-from detectors.flight_recorder.load import Entry, RankDump
-from schemas.topology import DIMS, JobTopology
-from schemas.typecheck import bounds
+from trainguard.detectors.eviction import check_preference, choose_group, preference_order
+from trainguard.detectors.flight_recorder.load import Entry, RankDump
+from trainguard.schemas.topology import DIMS, JobTopology
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)

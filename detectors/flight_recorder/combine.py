@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from detectors.eviction import choose_group
-from detectors.flight_recorder.analysis import FlightRecorderResult
-from detectors.stacks.result import OverEvictionResult
-from schemas.enums import Verdict
-from schemas.topology import Dim, JobTopology
+from trainguard.detectors.eviction import choose_group
+from trainguard.detectors.flight_recorder.analysis import FlightRecorderResult
+from trainguard.detectors.stacks.result import OverEvictionResult
+from trainguard.schemas.enums import Verdict
+from trainguard.schemas.topology import Dim, JobTopology
 
 
 @dataclass(frozen=True)

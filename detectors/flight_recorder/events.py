@@ -1,4 +1,5 @@
-"""Flight Recorder dumps on the wire: a rank's parsed dump <-> :class:`~schemas.workload.FlightRecorderDump`.
+"""Flight Recorder dumps on the wire: a rank's parsed dump <->
+:class:`~trainguard.schemas.workload.FlightRecorderDump`.
 
 The exporter parses a dump where it was written (restricted unpickler, :mod:`.load`) and ships
 the parsed content, never the pickle: what crosses the bus is plain data a worker can read without
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import json
 
-from detectors.flight_recorder.load import Entry, Group, RankDump
-from schemas.workload import FlightRecorderDump, FlightRecorderEntry, FlightRecorderGroup
+from trainguard.detectors.flight_recorder.load import Entry, Group, RankDump
+from trainguard.schemas.workload import FlightRecorderDump, FlightRecorderEntry, FlightRecorderGroup
 
 #: frames kept per entry on the wire (the issuing Python call and a few callers).
 WIRE_FRAMES = 4
@@ -90,7 +91,7 @@ def dump_to_event(
 
 
 def event_to_dump(ev: FlightRecorderDump) -> RankDump:
-    """The dump an event carries, as :func:`~detectors.flight_recorder.analyze_dumps` reads it."""
+    """The dump an event carries, as :func:`~trainguard.detectors.flight_recorder.analyze_dumps` reads it."""
     return RankDump(
         rank=ev.rank,
         version=ev.fr_version,

@@ -9,7 +9,7 @@ point-to-point operations, each with its group, sequence id, op, sizes and state
 What the gloo backend of torch 2.13 records (measured on its own dumps, ``scripts/capture_fr_fixtures.py``):
 every collective, in state ``scheduled`` for good and ``retired`` once done (so ``retired`` counts
 as completed here); no point-to-point operations; a ``pg_config`` without the groups' ranks
-(the analysis infers them, see :mod:`detectors.flight_recorder.analysis`).
+(the analysis infers them, see :mod:`trainguard.detectors.flight_recorder.analysis`).
 
 A pickle is code: it is read with an unpickler that builds plain containers and scalars only and
 refuses any class or function a file names (:class:`FlightRecorderError`), so a dump from an

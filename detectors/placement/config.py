@@ -1,15 +1,15 @@
 """Settings of the placement planner (the ``placement`` section of the action service's config).
 
-Load it with ``schemas.config.load_config(PlacementConfig, mapping)``; unknown keys are errors.
+Load it with ``trainguard.schemas.config.load_config(PlacementConfig, mapping)``; unknown keys are errors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.limits import NAMES
-from schemas.network import MachinePosition
-from schemas.typecheck import bounds
+from trainguard.schemas.limits import NAMES
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A job's communication groups over machine slots, and how many pods (racks) each one spans.
 
-A machine *slot* is a machine index of the job (:class:`~schemas.topology.JobTopology`): a
+A machine *slot* is a machine index of the job (:class:`~trainguard.schemas.topology.JobTopology`): a
 standby that replaces a machine takes its slot, so the groups never change, only which machine
 fills each slot.  A group's **spread** is the number of distinct pods its machines sit in; the
 Arnold objective is ``alpha * max DP-group spread + beta * max PP-group spread``.
@@ -8,7 +8,7 @@ Arnold objective is ``alpha * max DP-group spread + beta * max PP-group spread``
 A machine whose pod is not known counts as a pod of its own (the pessimistic reading: nothing
 says it is near anything), and likewise for racks.
 
->>> from schemas.topology import JobTopology
+>>> from trainguard.schemas.topology import JobTopology
 >>> g = Groups.of(JobTopology(job="j", tp=2, pp=2, dp=2, ranks_per_machine=2))
 >>> g.dp, g.pp
 (((0, 1), (2, 3)), ((0, 2), (1, 3)))
@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from schemas.network import MachinePosition
-from schemas.topology import DIMS, Dim, JobTopology
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.topology import DIMS, Dim, JobTopology
 
 
 @dataclass(frozen=True)

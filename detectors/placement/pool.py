@@ -3,7 +3,7 @@
 A standby helps the Arnold objective only if it sits in the pod of the machine it replaces:
 one from another pod widens that machine's DP and PP groups by a pod.  :func:`place_standbys`
 picks which free machines become standbys (the pool's size is ByteRobust's binomial P99 rule,
-:func:`detectors.planning.standby_pool_size`; this decides only *where*):
+:func:`trainguard.detectors.planning.standby_pool_size`; this decides only *where*):
 
 1. **cover** -- pods of the job without a standby yet, the pod with most job machines first;
 2. **share** -- then the pod with the highest ``job machines / (standbys + 1)`` (D'Hondt's rule:
@@ -13,7 +13,7 @@ picks which free machines become standbys (the pool's size is ByteRobust's binom
 
 Free machines in no pod of the job come last, in name order (a far standby beats none).
 
->>> from schemas.network import MachinePosition as P
+>>> from trainguard.schemas.network import MachinePosition as P
 >>> pos = {"a": P("p1", "r1"), "b": P("p1", "r1"), "c": P("p2", "r1"),
 ...        "f1": P("p1", "r1"), "f2": P("p1", "r2"), "f3": P("p2", "r1"), "f4": P("p3", "r1")}
 >>> place_standbys(["f1", "f2", "f3", "f4"], 3, ["a", "b", "c"], pos)
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from schemas.network import MachinePosition
+from trainguard.schemas.network import MachinePosition
 
 
 def _pod(name: str, positions: Mapping[str, MachinePosition]) -> str:

@@ -6,7 +6,7 @@ this order (a lexicographic key; each element only breaks the ties of the ones b
 1. the number of candidates outside ``prefer`` used (the action service prefers the standbys
    that are ready now: taking one still starting makes the whole job wait for it);
 2. Arnold's objective ``alpha * max DP-group spread + beta * max PP-group spread`` of the job
-   after the swap (spread: distinct pods a group spans; :mod:`detectors.placement.layout`);
+   after the swap (spread: distinct pods a group spans; :mod:`trainguard.detectors.placement.layout`);
 3. the same weighted sum over the groups the swap touches (the maxima rarely move: this keeps
    the other groups compact so the next failure does not move them either);
 4. the weighted sum of the touched groups' rack spreads (a rack shares a leaf switch);
@@ -36,8 +36,8 @@ Every answer is at least as good as first-free's (candidates in the given order,
 ones first), a seed of the search.  Same inputs, same answer: no clock, no randomness, and the
 answer does not depend on the candidates' order unless first-free's is strictly the best found.
 
->>> from detectors.placement.layout import Groups
->>> from schemas.network import MachinePosition as P
+>>> from trainguard.detectors.placement.layout import Groups
+>>> from trainguard.schemas.network import MachinePosition as P
 >>> g = Groups.explicit(4, dp=[[0, 1], [2, 3]], pp=[[0, 2], [1, 3]])
 >>> pos = {"a": P("p1"), "b": P("p1"), "c": P("p2"), "d": P("p2"), "s1": P("p2"), "s2": P("p1")}
 >>> r = choose_replacements(["a", "b", "c", "d"], g, ["b"], ["s1", "s2"], pos)
@@ -52,9 +52,9 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
-from detectors.placement.config import PlacementConfig
-from detectors.placement.layout import Groups, Spread, pod_key, rack_key, spreads
-from schemas.network import MachinePosition
+from trainguard.detectors.placement.config import PlacementConfig
+from trainguard.detectors.placement.layout import Groups, Spread, pod_key, rack_key, spreads
+from trainguard.schemas.network import MachinePosition
 
 #: (candidates outside ``prefer``, objective, touched groups' pod spreads, their rack spreads)
 Cost = tuple[int, float, float, float]

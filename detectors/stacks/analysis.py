@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from detectors.stacks.config import OverEvictionConfig
-from detectors.stacks.loader import Round
-from detectors.stacks.patterns import WAITING_ROLES, Role
-from detectors.stacks.roles import ChildInfo, StackInfo, StackReader
-from schemas.topology import DIMS, JobTopology
+from trainguard.detectors.stacks.config import OverEvictionConfig
+from trainguard.detectors.stacks.loader import Round
+from trainguard.detectors.stacks.patterns import WAITING_ROLES, Role
+from trainguard.detectors.stacks.roles import ChildInfo, StackInfo, StackReader
+from trainguard.schemas.topology import DIMS, JobTopology
 
 MISSING_SIGNATURE = "<no dump>"
 

@@ -5,7 +5,7 @@
 * **Fail-slow** (several rounds whose stacks moved; ByteRobust samples every 10 s): each round
   whose analysis is confident flags the group holding its roots; the rank found as the root
   most often is the suspect, and its group is evicted if it was flagged in enough rounds *and*
-  the vote is beyond chance (:mod:`detectors.stacks.significance`: a healthy job's captures
+  the vote is beyond chance (:mod:`trainguard.detectors.stacks.significance`: a healthy job's captures
   find roots too, wherever ranks happen to be).  A close vote asks for more rounds
   (``Evidence.more_rounds``); a vote for a rank the triggering straggler signal named
   (``hint``) needs less evidence than one for any rank.
@@ -23,16 +23,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from detectors.eviction import choose_group, preference_order
-from detectors.stacks.analysis import RankState, RoundAnalysis, analyze_round, rank_states
-from detectors.stacks.config import OverEvictionConfig
-from detectors.stacks.loader import Round
-from detectors.stacks.patterns import PatternTable, Role
-from detectors.stacks.result import Evidence, OverEvictionResult, StackClass, Vote
-from detectors.stacks.roles import StackReader
-from detectors.stacks.significance import chance_p_value
-from schemas.enums import Verdict
-from schemas.topology import Dim, JobTopology
+from trainguard.detectors.eviction import choose_group, preference_order
+from trainguard.detectors.stacks.analysis import RankState, RoundAnalysis, analyze_round, rank_states
+from trainguard.detectors.stacks.config import OverEvictionConfig
+from trainguard.detectors.stacks.loader import Round
+from trainguard.detectors.stacks.patterns import PatternTable, Role
+from trainguard.detectors.stacks.result import Evidence, OverEvictionResult, StackClass, Vote
+from trainguard.detectors.stacks.roles import StackReader
+from trainguard.detectors.stacks.significance import chance_p_value
+from trainguard.schemas.enums import Verdict
+from trainguard.schemas.topology import Dim, JobTopology
 
 MODES = ("auto", "hang", "fail_slow")
 
@@ -87,7 +87,7 @@ class OverEvictionClassifier:
     ) -> tuple[OverEvictionResult, int]:
         """Judge a recording of more rounds than a capture starts with as the worker judges a live
         capture: the first ``fail_slow_rounds``, then more of them while the vote is close (as
-        :meth:`~detectors.capture.Captures.extend` asks the exporters).  (verdict, rounds used);
+        :meth:`~trainguard.detectors.capture.Captures.extend` asks the exporters).  (verdict, rounds used);
         the verdict may still ask for more rounds when the recording has no more."""
         n = min(self.config.fail_slow_rounds, len(rounds))
         while True:

@@ -1,6 +1,6 @@
 """Thresholds of the over-eviction analysis (ByteRobust §5), one frozen config dataclass.
 
-Load it with ``schemas.config.load_config(OverEvictionConfig, mapping, env_prefix=...)``;
+Load it with ``trainguard.schemas.config.load_config(OverEvictionConfig, mapping, env_prefix=...)``;
 unknown keys are rejected there.
 """
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from detectors.eviction import check_preference
-from schemas.typecheck import bounds
+from trainguard.detectors.eviction import check_preference
+from trainguard.schemas.typecheck import bounds
 
 
 @dataclass(frozen=True)
 class OverEvictionConfig:
-    """Settings of :class:`~detectors.stacks.classifier.OverEvictionClassifier`."""
+    """Settings of :class:`~trainguard.detectors.stacks.classifier.OverEvictionClassifier`."""
 
     #: A root is only accepted when at least this fraction of the job waits on it (directly or
     #: through other waiting ranks).  In a real hang nearly every rank does; in a healthy
@@ -31,7 +31,7 @@ class OverEvictionConfig:
     fail_slow_max_rounds: int = field(default=15, metadata=bounds(1, 10_000))
     #: Fail-slow: the chance of evicting a healthy job's group, spent over every test one capture
     #: may run (one per batch of rounds, and the straggler hint's besides the all-ranks one): a
-    #: vote evicts when its chance p-value (``detectors.stacks.significance``) is at most its
+    #: vote evicts when its chance p-value (``trainguard.detectors.stacks.significance``) is at most its
     #: share.  The bound holds under the test's null (independent rounds, roots uniformly random
     #: ranks); ranks that are systematically busy break it -- the bench measures real captures.
     fail_slow_alpha: float = field(default=0.03, metadata=bounds(0.0, 1.0))

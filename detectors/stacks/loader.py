@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from detectors.stacks.model import DumpName, ProcessDump
-from detectors.stacks.parse import DumpParser, StackParseError
+from trainguard.detectors.stacks.model import DumpName, ProcessDump
+from trainguard.detectors.stacks.parse import DumpParser, StackParseError
 
 _ROUND = re.compile(r"^round(\d+)$")
 

@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from detectors.stacks.model import Frame, ProcessDump, ThreadStack, normalize_filename
+from trainguard.detectors.stacks.model import Frame, ProcessDump, ThreadStack, normalize_filename
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # a dump captured from a terminal keeps py-spy's colours
 _EOL = r"(?:\r?\n|\Z)"

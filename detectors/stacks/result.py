@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.enums import Verdict
+from trainguard.schemas.enums import Verdict
 
 
 @dataclass(frozen=True)

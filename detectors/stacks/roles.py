@@ -1,6 +1,6 @@
 """Reading one stack: its role, the group kind or pipeline neighbour it waits on, its signature.
 
-:class:`StackReader` applies a :class:`~detectors.stacks.patterns.PatternTable` to a thread's
+:class:`StackReader` applies a :class:`~trainguard.detectors.stacks.patterns.PatternTable` to a thread's
 frames and caches the answer per distinct stack, so a job whose 9,600 ranks show a dozen
 distinct stacks costs a dozen classifications.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detectors.stacks.model import Frame
-from detectors.stacks.patterns import PatternTable, Role, Rule
-from schemas.enums import ProcessRole
+from trainguard.detectors.stacks.model import Frame
+from trainguard.detectors.stacks.patterns import PatternTable, Role, Rule
+from trainguard.schemas.enums import ProcessRole
 
 
 @dataclass(frozen=True, slots=True)

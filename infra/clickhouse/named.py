@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from infra.clickhouse.store import ClickHouseStore
+    from trainguard.infra.clickhouse.store import ClickHouseStore
 
 #: the parameter types a header may declare, and how a command-line string becomes one.
 _PARSERS: dict[str, Any] = {
@@ -177,7 +177,7 @@ def _expand(q: NamedQuery, queries: dict[str, NamedQuery], seen: tuple[str, ...]
 def _files(directory: Path | None) -> list[tuple[str, str]]:
     if directory is not None:
         return [(str(p), p.read_text()) for p in sorted(directory.glob("*.sql"))]
-    root = resources.files("infra.clickhouse") / "queries"
+    root = resources.files("trainguard.infra.clickhouse") / "queries"
     return sorted((f.name, f.read_text()) for f in root.iterdir() if f.name.endswith(".sql"))
 
 

@@ -9,7 +9,7 @@ is not productive however fast it steps).  Wall-clock runs from the start of the
 the end of the last.  The 1-hour sliding ETTR applies the same rule to steps that ended within
 each hour-long window.  One rank (0 by default) stands for the job: every rank steps together.
 
-The SQL lives in the named queries (:mod:`infra.clickhouse.named`: ``ettr``, ``training_curve``,
+The SQL lives in the named queries (:mod:`trainguard.infra.clickhouse.named`: ``ettr``, ``training_curve``,
 ``incidents``, ``incident_steps``), which ``trainguard sql`` runs too.
 
 **Incidents**: a decision is an incident; its timeline joins the detection that triggered it
@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.clickhouse import named
-from infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.clickhouse import named
+from trainguard.infra.clickhouse.store import ClickHouseStore
 
 HOUR_MS = 3_600_000
 

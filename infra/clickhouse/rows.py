@@ -32,11 +32,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Union
 
-from schemas.base import Event
-from schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
-from schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
-from schemas.typecheck import bounds, to_plain
-from schemas.workload import FlightRecorderDump, LogLine, ProcessExit, RankLiveness, StackDump, TrainingStep
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
+from trainguard.schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
+from trainguard.schemas.typecheck import bounds, to_plain
+from trainguard.schemas.workload import (
+    FlightRecorderDump,
+    LogLine,
+    ProcessExit,
+    RankLiveness,
+    StackDump,
+    TrainingStep,
+)
 
 Row = dict[str, Any]
 

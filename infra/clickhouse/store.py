@@ -35,9 +35,9 @@ from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 from typing import Any
 
-from infra.clickhouse.rows import TELEMETRY_TABLES, Row, rows_by_table
-from infra.config import ClickHouseConfig
-from schemas.base import Event
+from trainguard.infra.clickhouse.rows import TELEMETRY_TABLES, Row, rows_by_table
+from trainguard.infra.config import ClickHouseConfig
+from trainguard.schemas.base import Event
 
 _SPLIT = re.compile(r";\s*(?:\n|$)")
 _COMMENT = re.compile(r"^\s*--.*$", re.MULTILINE)
@@ -203,7 +203,7 @@ class Migration:
 
 def load_migrations() -> list[Migration]:
     """Numbered ``NNNN_name.sql`` files of ``infra/clickhouse/migrations``, in order."""
-    folder = resources.files("infra.clickhouse") / "migrations"
+    folder = resources.files("trainguard.infra.clickhouse") / "migrations"
     out = []
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         m = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)

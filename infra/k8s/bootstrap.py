@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.k8s.apply import apply_documents, load_documents
-from infra.stack.procs import StackError
+from trainguard.infra.k8s.apply import apply_documents, load_documents
+from trainguard.infra.stack.procs import StackError
 
 if TYPE_CHECKING:
-    from infra.stack.k8s import K8sCluster
+    from trainguard.infra.stack.k8s import K8sCluster
 
 DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 #: base manifests the local stack applies (the services themselves run as local processes).
@@ -33,7 +33,7 @@ def admin_client(cluster: K8sCluster) -> Any:
 
 
 def node_body(cluster: K8sCluster, name: str) -> dict[str, Any]:
-    from infra.stack.k8s import KWOK_ANNOTATION
+    from trainguard.infra.stack.k8s import KWOK_ANNOTATION
 
     c = cluster.cfg
     capacity = {

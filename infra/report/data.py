@@ -1,6 +1,6 @@
 """What a postmortem report shows, read from ClickHouse through the named queries.
 
-Everything here comes from :mod:`infra.clickhouse.named` (the same SQL ``trainguard sql run``
+Everything here comes from :mod:`trainguard.infra.clickhouse.named` (the same SQL ``trainguard sql run``
 and ``trainguard postmortem`` use), so the report and a hand-run query never disagree.  The pure
 helpers (:func:`cumulative_ettr`, :func:`downsample`, :func:`phases`) are tested directly.
 """
@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.clickhouse import named
-from infra.clickhouse.postmortem import HOUR_MS, productive_s, sliding_ettr_of
-from infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.clickhouse import named
+from trainguard.infra.clickhouse.postmortem import HOUR_MS, productive_s, sliding_ettr_of
+from trainguard.infra.clickhouse.store import ClickHouseStore
 
 #: decisions that start no recovery: listed with the decisions, not drawn as incidents.
 NOT_ACTING = ("aggregate", "none", "ignore")

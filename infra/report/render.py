@@ -1,4 +1,4 @@
-"""Render :class:`~infra.report.data.ReportData` as one self-contained HTML file.
+"""Render :class:`~trainguard.infra.report.data.ReportData` as one self-contained HTML file.
 
 Plots are Plotly's (``plotly`` draws interactive SVG in the browser from a JSON figure: hover,
 zoom and pan on a months-long curve, two small pure-Python dependencies, and its JavaScript
@@ -17,7 +17,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from infra.report.data import JobData, ReportData, phases
+from trainguard.infra.report.data import JobData, ReportData, phases
 
 #: the phases' colours (the same in the legend, the plot and the table).
 PHASE_COLOURS = {"detect": "#f5a623", "localise": "#9b59b6", "decide": "#e74c3c", "recover": "#2ecc71"}

@@ -14,8 +14,8 @@ import urllib.error
 import urllib.request
 from xml.sax.saxutils import escape
 
-from infra.config import StackConfig
-from infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
+from trainguard.infra.config import StackConfig
+from trainguard.infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
 
 _CONFIG = """<?xml version="1.0"?>
 <yandex>

@@ -5,7 +5,7 @@ Real Kubernetes, built from its Go modules and run as plain processes owned by t
 self-signed serving certificate), ``kube-scheduler``, ``kube-controller-manager``, and kwok as the
 kubelet of every node.  kwok manages the Node objects the stack creates (``n1..nN``, annotated
 ``kwok.x-k8s.io/node: fake``, with network-position labels) and moves the pods bound to them to
-Running; the stack's pod runner (:mod:`infra.stack.podrunner`) then runs each opted-in pod's
+Running; the stack's pod runner (:mod:`trainguard.infra.stack.podrunner`) then runs each opted-in pod's
 container command as a local process, so the training a pod stands for is real.
 
 **The build.**  The binaries are built once per machine into ``<cache>/k8s-<version>/bin`` from
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.config import StackConfig
-from infra.progress import Progress, quiet
-from infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
-from schemas.typecheck import bounds
+from trainguard.infra.config import StackConfig
+from trainguard.infra.progress import Progress, quiet
+from trainguard.infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
+from trainguard.schemas.typecheck import bounds
 
 _PORT = bounds(1, 65535)
 
@@ -317,7 +317,7 @@ class K8sCluster:
                 ]
             )
             started.append("kwok")
-        from infra.k8s.bootstrap import bootstrap
+        from trainguard.infra.k8s.bootstrap import bootstrap
 
         bar.phase(f"k8s: creating {self.cfg.nodes} node(s), waiting until they are Ready")
         bootstrap(self, timeout)
@@ -326,7 +326,7 @@ class K8sCluster:
 
             self.podrunner.start(
                 [
-                    sys.executable, "-m", "infra.stack.podrunner",
+                    sys.executable, "-m", "trainguard.infra.stack.podrunner",
                     "--kubeconfig", str(self.admin_kubeconfig), "--dir", str(self.dir / "pods"),
                 ]
             )  # fmt: skip
@@ -462,7 +462,7 @@ class K8sCluster:
         }
         if out["running"]:
             try:
-                from infra.k8s.bootstrap import node_states
+                from trainguard.infra.k8s.bootstrap import node_states
 
                 out["nodes"] = node_states(self)
             except Exception as exc:
@@ -475,12 +475,12 @@ class K8sCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m infra.stack.k8s --build``: build the control plane (what setup.sh runs)."""
+    """``python -m trainguard.infra.stack.k8s --build``: build the control plane (what setup.sh runs)."""
     import argparse
 
-    from infra.config import load_settings
+    from trainguard.infra.config import load_settings
 
-    p = argparse.ArgumentParser(prog="python -m infra.stack.k8s")
+    p = argparse.ArgumentParser(prog="python -m trainguard.infra.stack.k8s")
     p.add_argument("--build", action="store_true", help="build the missing binaries and exit")
     a = p.parse_args(argv)
     if not a.build:

@@ -19,9 +19,9 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from infra.config import KafkaConfig, StackConfig
-from infra.progress import Progress, quiet
-from infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
+from trainguard.infra.config import KafkaConfig, StackConfig
+from trainguard.infra.progress import Progress, quiet
+from trainguard.infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
 
 POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
 

@@ -1,12 +1,12 @@
 """``trainguard stack up | down | status | reset``: the embedded Kafka + ClickHouse stack.
 
-With ``--slurm`` the stack also runs a private local Slurm cluster (:mod:`infra.stack.slurm`), with
-``--k8s`` a private Kubernetes control plane (:mod:`infra.stack.k8s`).
+With ``--slurm`` the stack also runs a private local Slurm cluster (:mod:`trainguard.infra.stack.slurm`), with
+``--k8s`` a private Kubernetes control plane (:mod:`trainguard.infra.stack.k8s`).
 
 ``up`` is idempotent: servers already running are left alone, then the registry's topics and
 the ClickHouse migrations are applied (both idempotent too).  ``down`` stops only the processes
 whose pid files this stack home owns.  ``reset`` is ``down`` plus deleting the home's data.
-``up`` reports each phase to a :class:`~infra.progress.Progress` (stderr unless given one): what
+``up`` reports each phase to a :class:`~trainguard.infra.progress.Progress` (stderr unless given one): what
 runs now and for how long, Maven's downloads on a first start, the Kubernetes build's minutes.
 """
 
@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.bus import create_topics
-from infra.clickhouse.store import ClickHouseStore, StoreError
-from infra.config import Settings
-from infra.progress import Progress
-from infra.signing import init_keys
-from infra.stack.clickhouse import ClickHouseServer, ping
-from infra.stack.k8s import K8sCluster
-from infra.stack.kafka import KafkaServer, broker_reachable
-from infra.stack.procs import StackError
-from infra.stack.slurm import Slurm
+from trainguard.infra.bus import create_topics
+from trainguard.infra.clickhouse.store import ClickHouseStore, StoreError
+from trainguard.infra.config import Settings
+from trainguard.infra.progress import Progress
+from trainguard.infra.signing import init_keys
+from trainguard.infra.stack.clickhouse import ClickHouseServer, ping
+from trainguard.infra.stack.k8s import K8sCluster
+from trainguard.infra.stack.kafka import KafkaServer, broker_reachable
+from trainguard.infra.stack.procs import StackError
+from trainguard.infra.stack.slurm import Slurm
 
 
 @dataclass

@@ -22,7 +22,7 @@ for pods labelled ``trainguard.io/local-run: "true"`` on the stack's nodes:
   these pods: ``infra/k8s/kwok-stages.yaml``), so "the pod is gone" means "the process is gone".
 
 It polls the API (``--interval``, 0.25 s): a few hundred pods at most on the local stack.
-``python -m infra.stack.podrunner --kubeconfig KC --dir D``
+``python -m trainguard.infra.stack.podrunner --kubeconfig KC --dir D``
 """
 
 from __future__ import annotations
@@ -397,7 +397,7 @@ def _expand(arg: str, env: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.stack.podrunner", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainguard.infra.stack.podrunner", description=__doc__)
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--dir", required=True, help="pods' output files")
     p.add_argument("--interval", type=float, default=0.25)

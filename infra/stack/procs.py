@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.proctable import LIVE
+from trainguard.infra.proctable import LIVE
 
 
 class StackError(RuntimeError):

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.config import StackConfig
-from infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
-from schemas.typecheck import bounds
+from trainguard.infra.config import StackConfig
+from trainguard.infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
+from trainguard.schemas.typecheck import bounds
 
 _PORT = bounds(1, 65535)
 

@@ -18,13 +18,13 @@ import asyncio
 import logging
 from typing import Any
 
-from detectors.routing import AGGREGATION, CAPTURE_TICK_S, INPUTS, DetectionPath
-from schemas.base import Event, now_ms
-from schemas.control import Command, Decision
-from schemas.workload import FlightRecorderDump, StackDump
-from streams.context import WorkerContext
-from streams.jobs import JobDirectory
-from streams.state import WorkerState
+from trainguard.detectors.routing import AGGREGATION, CAPTURE_TICK_S, INPUTS, DetectionPath
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.control import Command, Decision
+from trainguard.schemas.workload import FlightRecorderDump, StackDump
+from trainguard.streams.context import WorkerContext
+from trainguard.streams.jobs import JobDirectory
+from trainguard.streams.state import WorkerState
 
 NAME = AGGREGATION
 log = logging.getLogger(__name__)

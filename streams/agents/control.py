@@ -17,14 +17,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from infra.bus import RejectedRecord
-from schemas.codec import decode
-from schemas.config import ConfigError, load_config
-from schemas.control import Command, CommandKind
-from schemas.topics import CONTROL
-from schemas.typecheck import to_plain
-from streams.config import WorkerConfig
-from streams.context import WorkerContext
+from trainguard.infra.bus import RejectedRecord
+from trainguard.schemas.codec import decode
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.control import Command, CommandKind
+from trainguard.schemas.topics import CONTROL
+from trainguard.schemas.typecheck import to_plain
+from trainguard.streams.config import WorkerConfig
+from trainguard.streams.context import WorkerContext
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.routing import DECIDE, INPUTS, DetectionPath, needs_topology
-from schemas.base import Event, now_ms
-from schemas.control import Detection
-from streams.context import WorkerContext
-from streams.jobs import JobDirectory
-from streams.state import WorkerState
+from trainguard.detectors.routing import DECIDE, INPUTS, DetectionPath, needs_topology
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.control import Detection
+from trainguard.streams.context import WorkerContext
+from trainguard.streams.jobs import JobDirectory
+from trainguard.streams.state import WorkerState
 
 NAME = DECIDE
 

@@ -4,7 +4,7 @@ and the anomaly stage on the GPU samples.
 Node telemetry is keyed by node, so one node's samples always reach the same worker and the
 rule windows ("2 NIC alerts in 5 minutes", repeated Xid 13/31/43) see every occurrence.
 
-The anomaly stage (:class:`detectors.node_anomaly.NodeAnomalyScorer`, one streaming detector per
+The anomaly stage (:class:`trainguard.detectors.node_anomaly.NodeAnomalyScorer`, one streaming detector per
 node; scores above the threshold become ``info`` detections, evidence for operators and the
 aggregation analysis, never an eviction on their own) reads the same GPU samples.  It runs here,
 on the event this agent decoded, rather than as an agent of its own: a second agent on the GPU
@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from detectors.routing import ANOMALY, INPUTS, INSPECTION, DetectionPath
-from schemas.base import Event, now_ms
-from streams.context import WorkerContext
-from streams.state import WorkerState
+from trainguard.detectors.routing import ANOMALY, INPUTS, INSPECTION, DetectionPath
+from trainguard.schemas.base import Event, now_ms
+from trainguard.streams.context import WorkerContext
+from trainguard.streams.state import WorkerState
 
 NAME = INSPECTION
 #: the events the anomaly stage scores (its inputs are a subset of this agent's).

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.routing import INPUTS, TRAINING, DetectionPath
-from detectors.windows import StreamClock
-from schemas.base import Event, now_ms
-from schemas.codec import decode
-from schemas.control import ActionEvent
-from schemas.topics import ACTIONS, STEPS
-from schemas.workload import ProcessExit, RankLiveness, TrainingStep
-from streams.context import WorkerContext
-from streams.state import WorkerState
+from trainguard.detectors.routing import INPUTS, TRAINING, DetectionPath
+from trainguard.detectors.windows import StreamClock
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import decode
+from trainguard.schemas.control import ActionEvent
+from trainguard.schemas.topics import ACTIONS, STEPS
+from trainguard.schemas.workload import ProcessExit, RankLiveness, TrainingStep
+from trainguard.streams.context import WorkerContext
+from trainguard.streams.state import WorkerState
 
 NAME = TRAINING
 #: how far back a starting worker reads the action service's events.

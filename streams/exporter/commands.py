@@ -22,15 +22,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from infra.backoff import Backoff
-from infra.bus import EventProducer, authentic, coordinates, decode_record, poisoned
-from infra.config import KafkaConfig
-from infra.signing import AuthError, Verifier
-from schemas.base import now_ms
-from schemas.control import Command, DeadLetter
-from schemas.telemetry import SourceHealth
-from schemas.topics import COMMANDS, DEAD_LETTERS
-from streams.exporter.config import CommandsConfig
+from trainguard.infra.backoff import Backoff
+from trainguard.infra.bus import EventProducer, authentic, coordinates, decode_record, poisoned
+from trainguard.infra.config import KafkaConfig
+from trainguard.infra.signing import AuthError, Verifier
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import Command, DeadLetter
+from trainguard.schemas.telemetry import SourceHealth
+from trainguard.schemas.topics import COMMANDS, DEAD_LETTERS
+from trainguard.streams.exporter.config import CommandsConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ SLOW_DELIVERY_S = 1.0
 def skip_reason(cmd: Command, node: str, job: str, now: int, max_age_s: float) -> str:
     """Why this exporter ignores ``cmd`` ("" = it applies).
 
-    >>> from schemas.control import CommandKind
+    >>> from trainguard.schemas.control import CommandKind
     >>> c = Command(command_id="c1", ts_ms=1000, kind=CommandKind.CAPTURE_STACKS, node="n1")
     >>> skip_reason(c, "n1", "j", 2000, 60), skip_reason(c, "n2", "j", 2000, 60)
     ('', 'for node n1')

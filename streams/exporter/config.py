@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.config import load_config
-from schemas.typecheck import bounds
-from schemas.workload import MAX_FR_ENTRIES
+from trainguard.schemas.config import load_config
+from trainguard.schemas.typecheck import bounds
+from trainguard.schemas.workload import MAX_FR_ENTRIES
 
 ENV_PREFIX = "TRAINGUARD_EXPORTER"
 _INTERVAL = bounds(0.01, 86_400)
@@ -177,7 +177,7 @@ class StacksConfig:
 @dataclass(frozen=True)
 class FlightRecorderConfig:
     """PyTorch Flight Recorder dumps of the training ranks, on a capture and on a collective
-    timeout (:mod:`streams.exporter.flight_recorder`)."""
+    timeout (:mod:`trainguard.streams.exporter.flight_recorder`)."""
 
     enabled: bool = True
     #: the directory shared with the ranks' reporters ("" = ``<dirname(reporter.socket)>/fr``,
@@ -224,7 +224,7 @@ class CommandsConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """The exporter's Prometheus endpoint, ``/metrics`` (:mod:`streams.exporter.metrics`)."""
+    """The exporter's Prometheus endpoint, ``/metrics`` (:mod:`trainguard.streams.exporter.metrics`)."""
 
     #: address to listen on ("" = no endpoint).  Every interface: Prometheus scrapes each node
     #: from elsewhere (node_exporter's default too); the metrics carry no secret and act on nothing.

@@ -1,7 +1,8 @@
 """Ships spooled records to Kafka (kafka-python, batched, compressed, idempotent producer).
 
 ``publish(event)`` encodes the event, picks its topic and record key from the registry
-(``schemas.topics``) and appends it to the :class:`~streams.exporter.spool.Spool` -- that is all a
+(``trainguard.schemas.topics``) and appends it to the
+:class:`~trainguard.streams.exporter.spool.Spool` -- that is all a
 sampling thread ever does.  One delivery thread takes sealed segments oldest first, sends every
 record, and deletes a segment only once every record in it is acknowledged.  While the broker is
 away the producer retries internally (idempotence on: its retries add no duplicates); a record
@@ -20,16 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.backoff import Backoff
-from infra.bus import BusError, EventProducer
-from infra.config import KafkaConfig
-from schemas.base import Event, now_ms
-from schemas.codec import encode
-from schemas.telemetry import SourceHealth
-from schemas.topics import topic_for
-from streams.exporter.config import DeliveryConfig
-from streams.exporter.metrics import ExporterMetrics
-from streams.exporter.spool import Record, Spool
+from trainguard.infra.backoff import Backoff
+from trainguard.infra.bus import BusError, EventProducer
+from trainguard.infra.config import KafkaConfig
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import encode
+from trainguard.schemas.telemetry import SourceHealth
+from trainguard.schemas.topics import topic_for
+from trainguard.streams.exporter.config import DeliveryConfig
+from trainguard.streams.exporter.metrics import ExporterMetrics
+from trainguard.streams.exporter.spool import Record, Spool
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """PyTorch Flight Recorder dumps of this node's training ranks, as
-:class:`~schemas.workload.FlightRecorderDump` events.
+:class:`~trainguard.schemas.workload.FlightRecorderDump` events.
 
 The exporter cannot dump another process's Flight Recorder (it lives in the rank's memory, and
 only PyTorch in that process can serialise it), so dumps travel through a directory shared with
-the ranks' reporters (:mod:`streams.reporter`), ``flight_recorder.dir``, by default ``fr`` beside
+the ranks' reporters (:mod:`trainguard.streams.reporter`), ``flight_recorder.dir``, by default ``fr`` beside
 the reporter socket::
 
     ranks/<R>.json               a reporter's registration: {"rank", "pid", "job"}
@@ -36,14 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from detectors.flight_recorder import FlightRecorderError, dump_to_event, parse_dump
-from infra.proctable import DEAD_STATES, LIVE
-from schemas.base import Event, now_ms
-from schemas.enums import ProcessRole
-from schemas.telemetry import SourceHealth
-from schemas.workload import FlightRecorderDump
-from streams.exporter.config import FlightRecorderConfig
-from streams.exporter.sources.process import TrackedProcess
+from trainguard.detectors.flight_recorder import FlightRecorderError, dump_to_event, parse_dump
+from trainguard.infra.proctable import DEAD_STATES, LIVE
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.telemetry import SourceHealth
+from trainguard.schemas.workload import FlightRecorderDump
+from trainguard.streams.exporter.config import FlightRecorderConfig
+from trainguard.streams.exporter.sources.process import TrackedProcess
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ class FlightRecorderCollector:
     """Runs Flight Recorder captures on request and collects PyTorch's timeout dumps.
 
     ``cfg.dir`` must be set (the service resolves the default, see
-    :attr:`~streams.exporter.config.ExporterConfig.flight_recorder_dir`).  ``discover`` and
-    ``publish`` are :class:`~streams.exporter.stack_capture.StackCapturer`'s; ``alive`` tells a
+    :attr:`~trainguard.streams.exporter.config.ExporterConfig.flight_recorder_dir`).  ``discover`` and
+    ``publish`` are :class:`~trainguard.streams.exporter.stack_capture.StackCapturer`'s; ``alive`` tells a
     registered pid still runs (the service's process table)."""
 
     def __init__(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from streams.exporter.sources.reporter import REASONS as REPORTER_REASONS
+from trainguard.streams.exporter.sources.reporter import REASONS as REPORTER_REASONS
 
 #: why a record the exporter took in is gone: the spool's size bound dropped its oldest segment;
 #: the reporter's in-memory queue was full; the reporter refused a datagram or event (per reason).

@@ -6,7 +6,7 @@ the command topic).  Every ``collect()`` is wrapped like node_exporter's ``execu
 exception is logged with the source name and becomes that source's health entry in the next
 heartbeat -- never a crash.  After a round's events are handed to ``publish`` (the spool), the
 source's optional ``commit()`` runs, so positions (kernel log) only move past spooled lines.
-Every round also lands in the exporter's Prometheus metrics (:mod:`streams.exporter.metrics`):
+Every round also lands in the exporter's Prometheus metrics (:mod:`trainguard.streams.exporter.metrics`):
 its outcome, duration and time, and the error of a failed one.
 """
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.base import Event, now_ms
-from schemas.telemetry import SourceHealth
-from streams.exporter.config import ExporterConfig
-from streams.exporter.metrics import ExporterMetrics
-from streams.exporter.sources import REGISTRY, Source, SourceContext, enabled_sources
-from streams.exporter.sources.base import section
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.telemetry import SourceHealth
+from trainguard.streams.exporter.config import ExporterConfig
+from trainguard.streams.exporter.metrics import ExporterMetrics
+from trainguard.streams.exporter.sources import REGISTRY, Source, SourceContext, enabled_sources
+from trainguard.streams.exporter.sources.base import section
 
 log = logging.getLogger(__name__)
 

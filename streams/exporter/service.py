@@ -3,7 +3,7 @@ Flight Recorder dumps.
 
 ``ExporterService(cfg, kafka).start()`` is what ``trainguard exporter`` runs; tests and benches
 run it in-process.  The spool lives in ``<state_dir>/spool``.  Its Prometheus metrics
-(:mod:`streams.exporter.metrics`) are served on ``metrics.host:metrics.port`` while it runs.
+(:mod:`trainguard.streams.exporter.metrics`) are served on ``metrics.host:metrics.port`` while it runs.
 """
 
 from __future__ import annotations
@@ -15,28 +15,28 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from infra.config import KafkaConfig
-from infra.metrics_server import MetricsServer, serve_metrics
-from infra.proctable import ProcTable
-from infra.signing import Verifier
-from schemas.base import now_ms
-from schemas.control import Command, CommandKind
-from schemas.telemetry import SourceHealth
-from streams.exporter.commands import (
+from trainguard.infra.config import KafkaConfig
+from trainguard.infra.metrics_server import MetricsServer, serve_metrics
+from trainguard.infra.proctable import ProcTable
+from trainguard.infra.signing import Verifier
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import Command, CommandKind
+from trainguard.schemas.telemetry import SourceHealth
+from trainguard.streams.exporter.commands import (
     CommandListener,
     capture_args,
     capture_id_of,
     first_round_of,
     interval_args,
 )
-from streams.exporter.config import ExporterConfig
-from streams.exporter.delivery import Delivery
-from streams.exporter.flight_recorder import FlightRecorderCollector
-from streams.exporter.metrics import ExporterMetrics
-from streams.exporter.runner import Exporter
-from streams.exporter.sources.process import TrackedProcess, discover
-from streams.exporter.spool import Spool
-from streams.exporter.stack_capture import StackCapturer
+from trainguard.streams.exporter.config import ExporterConfig
+from trainguard.streams.exporter.delivery import Delivery
+from trainguard.streams.exporter.flight_recorder import FlightRecorderCollector
+from trainguard.streams.exporter.metrics import ExporterMetrics
+from trainguard.streams.exporter.runner import Exporter
+from trainguard.streams.exporter.sources.process import TrackedProcess, discover
+from trainguard.streams.exporter.spool import Spool
+from trainguard.streams.exporter.stack_capture import StackCapturer
 
 log = logging.getLogger(__name__)
 

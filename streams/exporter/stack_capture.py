@@ -2,7 +2,7 @@
 
 A capture dumps the Python stacks of every training process and all its children (dataloader
 workers, checkpoint writers) with ``py-spy dump --json``, several processes at once, and
-publishes one :class:`~schemas.workload.StackDump` per process tagged with job, rank, pid, role,
+publishes one :class:`~trainguard.schemas.workload.StackDump` per process tagged with job, rank, pid, role,
 the capture id and the round, plus the rank's process tree.  ``rounds`` x ``interval_s`` serves
 the fail-slow case (the analyzer votes over 5 rounds 10 s apart).  A process that vanished or
 that py-spy cannot read still yields a dump, with ``error`` set: a missing stack is evidence.
@@ -24,12 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from infra.proctable import DEAD_STATES, LIVE
-from schemas.base import Event, now_ms
-from schemas.enums import ProcessRole
-from schemas.workload import Frame, StackDump, ThreadStack
-from streams.exporter.config import StacksConfig
-from streams.exporter.sources.process import TrackedProcess
+from trainguard.infra.proctable import DEAD_STATES, LIVE
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.workload import Frame, StackDump, ThreadStack
+from trainguard.streams.exporter.config import StacksConfig
+from trainguard.streams.exporter.sources.process import TrackedProcess
 
 log = logging.getLogger(__name__)
 

@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 
-from actions.config import ActionsConfig
-from actions.executors.base import ExecutorEnv
-from actions.executors.dry_run import DryRunConfig, DryRunExecutor
-from actions.progress import Recovery
-from actions.service import ActionService
-from infra.config import Settings
-from schemas.base import now_ms
-from schemas.control import Decision, JobSpec, Targets
-from schemas.enums import Action
-from schemas.topics import ACTIONS, JOBS
-from schemas.topology import JobTopology
 from tests.streams.harness import Watcher, send, unique
 from tests.waiting import wait_until
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from trainguard.actions.progress import Recovery
+from trainguard.actions.service import ActionService
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import Decision, JobSpec, Targets
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import ACTIONS, JOBS
+from trainguard.schemas.topology import JobTopology
 
 
 def job_spec(job: str, n: int = 4, standbys: int = 2, pp: int = 1) -> JobSpec:

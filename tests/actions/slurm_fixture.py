@@ -19,15 +19,20 @@ from typing import Any
 
 import pytest
 
-from actions.executors.base import ExecutorEnv, StepContext
-from actions.executors.slurm import SlurmExecutor, SlurmExecutorConfig, expand_hostlist, parse_record
-from infra.config import load_settings
-from infra.stack.slurm import Slurm
-from schemas.base import now_ms
-from schemas.control import JobSpec
-from schemas.topology import JobTopology
 from tests.net import free_port_block, free_ports
 from tests.waiting import wait_until
+from trainguard.actions.executors.base import ExecutorEnv, StepContext
+from trainguard.actions.executors.slurm import (
+    SlurmExecutor,
+    SlurmExecutorConfig,
+    expand_hostlist,
+    parse_record,
+)
+from trainguard.infra.config import load_settings
+from trainguard.infra.stack.slurm import Slurm
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.topology import JobTopology
 
 TRAIN_PY = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "train_rank.py"
 NODES = 6

@@ -1,8 +1,8 @@
 """The pure decisions behind the action service moving past bad records (fast, no servers).
 
 What is decided from plain values is tested here: which errors mean the world is down and which
-mean the record is bad (:func:`actions.service.transient`), what the decoder turns a bad decision
-record into (:func:`infra.bus.decode_record`), and that the progress store (SQLite, the service's
+mean the record is bad (:func:`trainguard.actions.service.transient`), what the decoder turns a bad decision
+record into (:func:`trainguard.infra.bus.decode_record`), and that the progress store (SQLite, the service's
 own file) keeps nothing it could not read back.  What the service does with them on the broker --
 dead-lettering, committing past, seeking back and reading again, the broker going away -- is
 tested against real brokers in ``test_bad_records_live.py``.
@@ -17,14 +17,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from actions.progress import ProgressStore
-from actions.service import transient
-from infra.bus import decode_record
-from schemas.codec import DecodeError, encode
-from schemas.control import DeadLetter, Decision
-from schemas.enums import Action
-from schemas.topics import DECISIONS
 from tests.actions.conftest import make_decision
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.service import transient
+from trainguard.infra.bus import decode_record
+from trainguard.schemas.codec import DecodeError, encode
+from trainguard.schemas.control import DeadLetter, Decision
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import DECISIONS
 
 JOB = "job-bad"
 

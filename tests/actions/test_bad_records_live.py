@@ -21,25 +21,25 @@ from pathlib import Path
 
 import pytest
 
-from actions.config import ActionsConfig
-from actions.executors.base import ExecutorEnv
-from actions.executors.dry_run import DryRunConfig, DryRunExecutor
-from actions.progress import Recovery
-from actions.service import ActionService
-from actions.state import RecoveryState
-from infra.backoff import Backoff
-from infra.bus import EventProducer, signer_for
-from infra.config import Settings
-from infra.stack.kafka import KafkaServer
-from schemas.base import Event, now_ms
-from schemas.codec import encode
-from schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, JobSpec
-from schemas.enums import Action
-from schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, JOBS
 from tests.actions.conftest import Running, job_spec, make_decision
 from tests.private_kafka import private_kafka as private_broker
 from tests.streams.harness import Watcher, send, unique
 from tests.waiting import wait_until
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from trainguard.actions.progress import Recovery
+from trainguard.actions.service import ActionService
+from trainguard.actions.state import RecoveryState
+from trainguard.infra.backoff import Backoff
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.kafka import KafkaServer
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import encode
+from trainguard.schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, JobSpec
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import ACTIONS, DEAD_LETTERS, DECISIONS, JOBS
 
 pytestmark = pytest.mark.slow
 Start = Callable[..., Running]
@@ -98,7 +98,7 @@ def committed(settings: Settings, group: str, topic: str, partition: int) -> int
 def test_a_poison_decision_is_dead_lettered_and_the_next_one_acted_on(
     start_service: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="actions.service")
+    caplog.set_level(logging.ERROR, logger="trainguard.actions.service")
     job = unique("job-poison")
     run = start_service([job])
     dead = Watcher(run.settings, DEAD_LETTERS)
@@ -276,7 +276,7 @@ def test_the_broker_down_never_stops_the_service(
     """The broker goes away between accepting a decision and committing it: the commit fails,
     the loop goes on (never raises), and once the broker is back the decision is read again (a
     no-op redelivery), committed past and acted on, and new decisions are taken again."""
-    caplog.set_level(logging.WARNING, logger="actions.service")
+    caplog.set_level(logging.WARNING, logger="trainguard.actions.service")
     settings, server = private_kafka
     job = unique("job-outage")
     cfg = ActionsConfig(

@@ -17,18 +17,18 @@ from typing import Any
 
 import pytest
 
-from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import ExecutorEnv
-from actions.executors.kubernetes import (
+from tests.k8s_fixture import admin, alive, beat, ctx, make_spec
+from tests.waiting import wait_until
+from trainguard.actions.errors import PermanentError, TemporaryError
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.kubernetes import (
     EVICT_TAINT,
     EVICTED_BY,
     KubernetesExecutor,
     KubernetesExecutorConfig,
     classify,
 )
-from infra.stack.k8s import K8sCluster
-from tests.k8s_fixture import admin, alive, beat, ctx, make_spec
-from tests.waiting import wait_until
+from trainguard.infra.stack.k8s import K8sCluster
 
 pytestmark = pytest.mark.slow
 
@@ -233,7 +233,7 @@ def test_positions_from_node_labels_and_a_standby_where_the_planner_asks(
     labels (Topograph's spine/leaf keys where set, else the zone the stack gives every node:
     pod-0 for n1-n6, pod-1 from n7), and a standby starts on the node the planner names, not on
     the first free one."""
-    from actions.positions import POD_LABELS, RACK_LABELS
+    from trainguard.actions.positions import POD_LABELS, RACK_LABELS
 
     name, ex, out = k8s_job
     core = admin(k8s_cluster)

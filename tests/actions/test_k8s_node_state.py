@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from actions.executors.kubernetes import KubernetesExecutor, _transient
-from infra.k8s.bootstrap import _heartbeat_tainted
+from trainguard.actions.executors.kubernetes import KubernetesExecutor, _transient
+from trainguard.infra.k8s.bootstrap import _heartbeat_tainted
 
 
 def node(ready: bool = True, cordoned: bool = False, taints: tuple[tuple[str, str], ...] = ()) -> Any:

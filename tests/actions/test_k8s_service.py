@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.config import Settings
-from infra.stack.k8s import K8sCluster
-from schemas.control import ActionEvent, ActionPhase
-from schemas.enums import Action
 from tests.actions.conftest import make_decision, send
 from tests.k8s_fixture import admin, beat, ctx, make_spec, template
 from tests.streams.harness import Watcher
 from tests.waiting import wait_until
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.k8s import K8sCluster
+from trainguard.schemas.control import ActionEvent, ActionPhase
+from trainguard.schemas.enums import Action
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

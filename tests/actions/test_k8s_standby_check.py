@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from actions.errors import PermanentError
-from actions.executors.base import ExecutorEnv
-from actions.executors.kubernetes import (
+from tests.k8s_fixture import admin, clean_up, ctx, make_spec, template
+from tests.waiting import wait_until
+from trainguard.actions.errors import PermanentError
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.kubernetes import (
     EVICT_TAINT,
     EVICTED_BY,
     SELF_CHECK,
@@ -25,9 +27,7 @@ from actions.executors.kubernetes import (
     KubernetesExecutor,
     KubernetesExecutorConfig,
 )
-from infra.stack.k8s import K8sCluster
-from tests.k8s_fixture import admin, clean_up, ctx, make_spec, template
-from tests.waiting import wait_until
+from trainguard.infra.stack.k8s import K8sCluster
 
 pytestmark = pytest.mark.slow
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actions.config import ActionsConfig
-from actions.progress import ProgressStore
-from actions.state import RecoveryState
-from infra.bus import EventProducer, signer_for
-from infra.config import Settings
-from schemas.control import ActionEvent, ActionPhase, JobSpec
-from schemas.enums import Action
 from tests.actions.conftest import job_spec, make_decision
 from tests.streams.harness import Watcher, send, unique
 from tests.waiting import wait_until
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.state import RecoveryState
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import Settings
+from trainguard.schemas.control import ActionEvent, ActionPhase, JobSpec
+from trainguard.schemas.enums import Action
 
 pytestmark = pytest.mark.slow
 

@@ -15,22 +15,22 @@ from typing import Any
 
 import pytest
 
-from actions.config import ActionsConfig
-from actions.executors.base import ExecutorEnv
-from actions.executors.dry_run import DryRunConfig, DryRunExecutor
-from actions.metrics import ActionMetrics
-from actions.progress import ProgressStore
-from actions.recovery import RecoveryRunner
-from actions.service import ActionService
-from actions.state import RecoveryState
-from infra.bus import Batch
-from infra.config import load_settings
-from schemas.base import now_ms
-from schemas.control import ActionEvent, DeadLetter, JobSpec
-from schemas.enums import Action
 from tests.actions.conftest import Running, job_spec, make_decision
 from tests.net import free_port
 from tests.streams.harness import send, unique
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from trainguard.actions.metrics import ActionMetrics
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.recovery import RecoveryRunner
+from trainguard.actions.service import ActionService
+from trainguard.actions.state import RecoveryState
+from trainguard.infra.bus import Batch
+from trainguard.infra.config import load_settings
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import ActionEvent, DeadLetter, JobSpec
+from trainguard.schemas.enums import Action
 
 
 class InstantStop(threading.Event):

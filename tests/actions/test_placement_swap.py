@@ -7,19 +7,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from actions.config import ActionsConfig
-from actions.executors.base import ExecutorEnv
-from actions.executors.dry_run import DryRunConfig, DryRunExecutor
-from actions.progress import ProgressStore
-from actions.recovery import RecoveryRunner
-from actions.state import RecoveryState
-from detectors.placement import PlacementConfig
-from schemas.base import now_ms
-from schemas.control import ActionEvent, JobSpec
-from schemas.enums import Action
-from schemas.network import MachinePosition as P
-from schemas.topology import JobTopology
 from tests.actions.conftest import make_decision
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.recovery import RecoveryRunner
+from trainguard.actions.state import RecoveryState
+from trainguard.detectors.placement import PlacementConfig
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import ActionEvent, JobSpec
+from trainguard.schemas.enums import Action
+from trainguard.schemas.network import MachinePosition as P
+from trainguard.schemas.topology import JobTopology
 
 
 class Events:

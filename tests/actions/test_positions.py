@@ -8,20 +8,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from actions.config import ActionsConfig
-from actions.executors.base import ExecutorEnv
-from actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
-from actions.executors.slurm import SlurmExecutor, SlurmExecutorConfig
-from actions.positions import (
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
+from trainguard.actions.executors.slurm import SlurmExecutor, SlurmExecutorConfig
+from trainguard.actions.positions import (
     TopologyConfError,
     parse_topology_conf,
     position_from_labels,
     positions_from_mapping,
     positions_from_node_labels,
 )
-from schemas.config import ConfigError, load_config
-from schemas.network import MachinePosition as P
-from schemas.typecheck import SchemaError
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.network import MachinePosition as P
+from trainguard.schemas.typecheck import SchemaError
 
 # A three-level fat tree as ib2slurm writes it: 2 spines (pods), 3 leaves (racks), a core.
 TOPOLOGY_CONF = """\

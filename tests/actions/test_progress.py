@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from actions import guard
-from actions.config import ActionsConfig
-from actions.progress import ProgressStore
-from actions.state import InvalidStateTransition, RecoveryState
-from schemas.control import Decision, Targets
-from schemas.enums import Action
+from trainguard.actions import guard
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.state import InvalidStateTransition, RecoveryState
+from trainguard.schemas.control import Decision, Targets
+from trainguard.schemas.enums import Action
 
 
 def dec(i: str, job: str = "j", action: Action = Action.EVICT) -> Decision:

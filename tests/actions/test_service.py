@@ -6,15 +6,15 @@ from collections.abc import Callable
 
 import pytest
 
-from actions.config import StepPolicy
-from actions.executors.dry_run import DryRunConfig
-from actions.state import RecoveryState
-from schemas.base import Event, now_ms
-from schemas.control import ActionEvent, ActionPhase, JobSpec
-from schemas.enums import Action
 from tests.actions.conftest import Running, job_spec, make_decision
 from tests.streams.harness import Watcher, send, unique
 from tests.waiting import wait_until
+from trainguard.actions.config import StepPolicy
+from trainguard.actions.executors.dry_run import DryRunConfig
+from trainguard.actions.state import RecoveryState
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.control import ActionEvent, ActionPhase, JobSpec
+from trainguard.schemas.enums import Action
 
 pytestmark = pytest.mark.slow
 Start = Callable[..., Running]
@@ -221,7 +221,7 @@ def test_a_step_that_fails_for_good_holds_the_job_for_an_operator_never_leaves_i
     run = start_service([job], dry_run=DryRunConfig(permanent_errors=["evict"]))
     send(run.settings, job_spec(job))
     d = make_decision(job, Action.EVICT, [f"{job}-n0"])
-    with caplog.at_level("ERROR", logger="actions.recovery"):
+    with caplog.at_level("ERROR", logger="trainguard.actions.recovery"):
         send(run.settings, d)
         rec = run.wait(d.decision_id, states=("held",))
     assert rec.held_step == "evict" and "needed: evict (cordon and drain)" in rec.held_reason

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from actions.state import RecoveryState
-from infra.bus import EventProducer, signer_for
-from infra.config import Settings
-from infra.signing import Signer, SigningConfig, init_keys
-from schemas.base import now_ms
-from schemas.codec import encode
-from schemas.control import DeadLetter, Decision
-from schemas.enums import Action
-from schemas.topics import DEAD_LETTERS, DECISIONS, JOBS
 from tests.actions.conftest import Running, job_spec, make_decision
 from tests.streams.harness import Watcher, send, unique
 from tests.waiting import wait_until
+from trainguard.actions.state import RecoveryState
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import Settings
+from trainguard.infra.signing import Signer, SigningConfig, init_keys
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import encode
+from trainguard.schemas.control import DeadLetter, Decision
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import DEAD_LETTERS, DECISIONS, JOBS
 
 pytestmark = pytest.mark.slow
 Start = Callable[..., Running]

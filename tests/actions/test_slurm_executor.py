@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from actions.errors import PermanentError, TemporaryError
-from actions.executors.base import ExecutorEnv, create_executor, register_executor
-from actions.executors.slurm import PLUGIN, SlurmExecutor, SlurmExecutorConfig, expand_hostlist
-from actions.standby import swapped
-from infra.stack.slurm import Slurm
-from schemas.config import ConfigError
 from tests.actions.slurm_fixture import TrainingJob, ctx, spec, start_job
 from tests.actions.slurm_fixture import slurm_cluster as slurm_cluster  # the fixture
 from tests.net import free_port
 from tests.waiting import wait_until
+from trainguard.actions.errors import PermanentError, TemporaryError
+from trainguard.actions.executors.base import ExecutorEnv, create_executor, register_executor
+from trainguard.actions.executors.slurm import PLUGIN, SlurmExecutor, SlurmExecutorConfig, expand_hostlist
+from trainguard.actions.standby import swapped
+from trainguard.infra.stack.slurm import Slurm
+from trainguard.schemas.config import ConfigError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -51,7 +51,7 @@ def test_plugin_is_published_and_builds_from_options(tmp_path: Path) -> None:
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert (
         pyproject["project"]["entry-points"]["trainguard.executors"]["slurm"]
-        == "actions.executors.slurm:PLUGIN"
+        == "trainguard.actions.executors.slurm:PLUGIN"
     )
     register_executor(PLUGIN)  # the installed metadata may predate the entry point (pip install -e .)
     ex = create_executor("slurm", {"slurm_conf": "/nonexistent"}, ExecutorEnv(state_dir=tmp_path))

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actions.executors.slurm import parse_record
-from infra.config import Settings
-from infra.stack.slurm import Slurm
-from schemas.control import ActionEvent, ActionPhase
-from schemas.enums import Action
 from tests.actions.conftest import make_decision, send
 from tests.actions.slurm_fixture import TRAIN_PY, TrainingJob, ctx, spec, start_job
 from tests.actions.slurm_fixture import slurm_cluster as slurm_cluster  # the fixture
 from tests.streams.harness import Watcher
+from trainguard.actions.executors.slurm import parse_record
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.slurm import Slurm
+from trainguard.schemas.control import ActionEvent, ActionPhase
+from trainguard.schemas.enums import Action
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actions.plans import STATE_OF, Escalation, Plan, PlanContext, StepKind, build_plan
-from actions.state import TRANSITIONS, InvalidStateTransition, RecoveryState, check_transition
-from schemas.control import Decision, Targets
-from schemas.enums import Action
+from trainguard.actions.plans import STATE_OF, Escalation, Plan, PlanContext, StepKind, build_plan
+from trainguard.actions.state import TRANSITIONS, InvalidStateTransition, RecoveryState, check_transition
+from trainguard.schemas.control import Decision, Targets
+from trainguard.schemas.enums import Action
 
 MACHINES = tuple(f"n{i}" for i in range(8))
 

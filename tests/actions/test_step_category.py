@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from actions.recovery import _category
-from schemas.control import Decision, Targets
-from schemas.enums import Action
+from trainguard.actions.recovery import _category
+from trainguard.schemas.control import Decision, Targets
+from trainguard.schemas.enums import Action
 
 
 def test_the_category_is_the_detections() -> None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from actions.config import ActionsConfig, StepPolicy
-from actions.errors import TemporaryError
-from actions.executors.base import ExecutorEnv, StepContext
-from actions.executors.dry_run import DryRunConfig, DryRunExecutor
-from actions.progress import ProgressStore
-from actions.recovery import RecoveryRunner
-from actions.state import RecoveryState
-from schemas.control import ActionEvent, JobSpec
-from schemas.enums import Action
 from tests.actions.conftest import job_spec, make_decision
+from trainguard.actions.config import ActionsConfig, StepPolicy
+from trainguard.actions.errors import TemporaryError
+from trainguard.actions.executors.base import ExecutorEnv, StepContext
+from trainguard.actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from trainguard.actions.progress import ProgressStore
+from trainguard.actions.recovery import RecoveryRunner
+from trainguard.actions.state import RecoveryState
+from trainguard.schemas.control import ActionEvent, JobSpec
+from trainguard.schemas.enums import Action
 
 
 class RecordingStop(threading.Event):

@@ -12,11 +12,11 @@ from trainguard_demo.diagnostics import LocalFaults, alignment_digest, prewarm, 
 from trainguard_demo.diagnostics import server as diagnostics
 from trainguard_demo.executor import LocalConfig, LocalExecutor
 
-from actions.executors.base import ExecutorEnv, StepContext
-from schemas.control import JobSpec
-from schemas.topology import JobTopology
 from tests.net import free_port
 from tests.waiting import wait_until
+from trainguard.actions.executors.base import ExecutorEnv, StepContext
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.topology import JobTopology
 
 
 def test_alignment_digest_is_bitwise_reproducible_and_sensitive() -> None:

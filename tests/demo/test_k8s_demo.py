@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import Settings
-from infra.stack.k8s import K8sCluster
 from tests.demo.helpers import run_demo
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.k8s import K8sCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -28,11 +28,11 @@ from trainguard_demo.launcher import (
 )
 from trainguard_demo.zygote import zygote_pid
 
-from actions.executors.base import ExecutorEnv, StepContext
-from schemas.control import JobSpec
 from tests.demo.helpers import make_spec, with_ranks
 from tests.net import free_port, free_port_range
 from tests.waiting import wait_until
+from trainguard.actions.executors.base import ExecutorEnv, StepContext
+from trainguard.schemas.control import JobSpec
 
 pytestmark = pytest.mark.slow
 

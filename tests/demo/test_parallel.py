@@ -16,8 +16,8 @@ from trainguard_demo.model import GPTStage
 from trainguard_demo.parallel import ParallelContext, build_groups, global_grad_norm, init_distributed
 from trainguard_demo.versions.v1 import activation
 
-from schemas.topology import JobTopology
 from tests.net import free_port
+from trainguard.schemas.topology import JobTopology
 
 CFG = ModelConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, seq_len=8)
 TOKENS = torch.arange(16).reshape(2, 8) % len(VOCAB)

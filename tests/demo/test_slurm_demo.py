@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import Settings
-from infra.stack.slurm import Slurm
 from tests.demo.helpers import run_demo
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.slurm import Slurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -15,7 +15,7 @@ from trainguard_demo.faults import FaultPoller, clear_faults, inject_fault, read
 from trainguard_demo.faults import main as faults_main
 from trainguard_demo.trainer import build_parser, spec_from_args
 
-from detectors.planning import _shares_group
+from trainguard.detectors.planning import _shares_group
 
 
 def test_argv_round_trip() -> None:

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
 
-from detectors.base import AnomalyDetector
-from detectors.registry import registered
-from schemas.config import ConfigError
+from trainguard.detectors.base import AnomalyDetector
+from trainguard.detectors.registry import registered
+from trainguard.schemas.config import ConfigError
 
 CASES = [
     pytest.param(reg.cls, params, id=f"{name}-{i}")

@@ -14,11 +14,17 @@ import numpy as np
 import pytest
 from sklearn.ensemble import IsolationForest
 
-from detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
-from detectors.anomaly.autoencoder import AutoencoderParams, _init_layers, _train, forward, import_torch
-from detectors.anomaly.iforest import FlatForest
-from detectors.registry import build, get, register, registered
-from schemas.config import ConfigError
+from trainguard.detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
+from trainguard.detectors.anomaly.autoencoder import (
+    AutoencoderParams,
+    _init_layers,
+    _train,
+    forward,
+    import_torch,
+)
+from trainguard.detectors.anomaly.iforest import FlatForest
+from trainguard.detectors.registry import build, get, register, registered
+from trainguard.schemas.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -208,7 +214,9 @@ def test_autoencoder_restores_torch_threads_and_reinitialises_on_new_features() 
 
 
 def test_importing_detectors_does_not_import_torch_or_sklearn() -> None:
-    code = "import detectors.registry, sys; print('torch' in sys.modules, 'sklearn' in sys.modules)"
+    code = (
+        "import trainguard.detectors.registry, sys; print('torch' in sys.modules, 'sklearn' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

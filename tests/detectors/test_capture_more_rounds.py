@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from detectors.replay import ReplayConfig
-from detectors.routing import DetectionPath
-from schemas.control import Command, Decision, Detection
-from schemas.enums import Action
-from schemas.topology import JobTopology
-from schemas.workload import Frame, StackDump, ThreadStack
 from tests.detectors.test_over_eviction import COMPUTE, DP_SYNC, RECV_BWD, RECV_FWD, Stack
+from trainguard.detectors.replay import ReplayConfig
+from trainguard.detectors.routing import DetectionPath
+from trainguard.schemas.control import Command, Decision, Detection
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import Frame, StackDump, ThreadStack
 
 #: tp1 pp2 dp4: rank = dp + 4 * pp; rank 6 = dp2, last stage; its pipeline is (2, 6).
 TOPO = JobTopology(job="j", tp=1, pp=2, dp=4, ranks_per_machine=1, machines=[f"m{i}" for i in range(8)])

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib
 
-from detectors.data_path import DATA_PATH_ROWS, DataPathRow, row_for
-from detectors.findings import Finding
-from detectors.log_classifier import LogClassifier
-from detectors.slow_data import SlowDataConfig, SlowDataDetector
-from detectors.training import StallConfig, StepStallDetector
-from streams.shadow_loader import LoaderEvent
+from trainguard.detectors.data_path import DATA_PATH_ROWS, DataPathRow, row_for
+from trainguard.detectors.findings import Finding
+from trainguard.detectors.log_classifier import LogClassifier
+from trainguard.detectors.slow_data import SlowDataConfig, SlowDataDetector
+from trainguard.detectors.training import StallConfig, StepStallDetector
+from trainguard.streams.shadow_loader import LoaderEvent
 
 
 def _hung_loader() -> list[Finding]:

@@ -13,14 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from detectors.exit_settle import SettleConfig
-from detectors.job_monitor import JobMonitor, MonitorConfig
-from detectors.keyed_state import PathState
-from detectors.replay import ReplayConfig
-from detectors.routing import TRAINING, DetectionPath
-from schemas.control import Decision, Detection
-from schemas.enums import Action
-from schemas.workload import ProcessExit
+from trainguard.detectors.exit_settle import SettleConfig
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
+from trainguard.detectors.keyed_state import PathState
+from trainguard.detectors.replay import ReplayConfig
+from trainguard.detectors.routing import TRAINING, DetectionPath
+from trainguard.schemas.control import Decision, Detection
+from trainguard.schemas.enums import Action
+from trainguard.schemas.workload import ProcessExit
 
 CASCADE = Path(__file__).resolve().parents[1] / "fixtures" / "exits" / "user-error-cascade.jsonl"
 

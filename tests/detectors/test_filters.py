@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.anomaly import EWMAZScore
-from detectors.filters import ThresholdFilter
-from detectors.node_anomaly import NodeAnomalyScorer
-from schemas.config import ConfigError
-from schemas.telemetry import GpuSample, GpuSampleBatch
+from trainguard.detectors.anomaly import EWMAZScore
+from trainguard.detectors.filters import ThresholdFilter
+from trainguard.detectors.node_anomaly import NodeAnomalyScorer
+from trainguard.schemas.config import ConfigError
+from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch
 
 
 def warm(f: ThresholdFilter, n: int = 100) -> None:
@@ -103,8 +103,8 @@ def test_switching_the_detector_at_runtime_takes_effect_and_the_evidence_names_i
     [("ewma_zscore", {"window_size": 64}), ("isolation_forest", {"alpha": 0.1}), ("no-such-detector", {})],
 )
 def test_worker_config_refuses_anomaly_params_its_detector_does_not_take(detector: str, params: dict) -> None:
-    from schemas.config import load_config
-    from streams.config import WorkerConfig
+    from trainguard.schemas.config import load_config
+    from trainguard.streams.config import WorkerConfig
 
     with pytest.raises(ConfigError):
         load_config(WorkerConfig, {"anomaly_detector": detector, "anomaly_params": params})

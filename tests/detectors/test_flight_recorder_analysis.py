@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.flight_recorder import Entry, FlightRecorderConfig, Group, RankDump, analyze_dumps
-from schemas.topology import JobTopology
+from trainguard.detectors.flight_recorder import Entry, FlightRecorderConfig, Group, RankDump, analyze_dumps
+from trainguard.schemas.topology import JobTopology
 
 S = 1_000_000_000  # ns
 NOW = 100 * S

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from detectors.capture import Capture
-from detectors.flight_recorder import analyze_dumps, dump_to_event, load_dump_dir
-from detectors.flight_recorder.combine import combine
-from detectors.stacks.result import Evidence, OverEvictionResult
-from schemas.enums import Action, ProcessRole, Verdict
-from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump, Frame, ProcessInfo, StackDump, ThreadStack
+from trainguard.detectors.capture import Capture
+from trainguard.detectors.flight_recorder import analyze_dumps, dump_to_event, load_dump_dir
+from trainguard.detectors.flight_recorder.combine import combine
+from trainguard.detectors.stacks.result import Evidence, OverEvictionResult
+from trainguard.schemas.enums import Action, ProcessRole, Verdict
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import FlightRecorderDump, Frame, ProcessInfo, StackDump, ThreadStack
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 TOPO = JobTopology(job="j", tp=2, pp=2, dp=2, ranks_per_machine=2, machines=["m0", "m1", "m2", "m3"])
@@ -59,7 +59,7 @@ def _with_classes(result: OverEvictionResult, *classes: tuple[str, tuple[int, ..
     """``result`` whose stacks showed these (role, ranks) classes of main processes."""
     from dataclasses import replace
 
-    from detectors.stacks.result import StackClass
+    from trainguard.detectors.stacks.result import StackClass
 
     cls = tuple(StackClass("main", role, ranks, ("f (x.py)",), suspect=False) for role, ranks in classes)
     return replace(result, evidence=replace(result.evidence, classes=cls))
@@ -206,8 +206,8 @@ def test_the_recorder_alone_needs_the_full_wait() -> None:
 
 
 def test_a_capture_judged_slow_not_hung_lets_the_next_hang_capture_skip_the_cooldown_once() -> None:
-    from detectors.capture import AggregationConfig, Captures
-    from schemas.control import Decision, Detection
+    from trainguard.detectors.capture import AggregationConfig, Captures
+    from trainguard.schemas.control import Decision, Detection
 
     caps = Captures(AggregationConfig(cooldown_s=60.0))
 

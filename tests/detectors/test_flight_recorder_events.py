@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from detectors.flight_recorder import analyze_dumps, dump_to_event, event_to_dump, load_dump_dir
-from schemas.codec import decode, encode
-from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump
+from trainguard.detectors.flight_recorder import analyze_dumps, dump_to_event, event_to_dump, load_dump_dir
+from trainguard.schemas.codec import decode, encode
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import FlightRecorderDump
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "manifest.json").exists())

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from detectors.flight_recorder import analyze_dumps, load_dump_dir
-from schemas.topology import JobTopology
+from trainguard.detectors.flight_recorder import analyze_dumps, load_dump_dir
+from trainguard.schemas.topology import JobTopology
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "manifest.json").exists())

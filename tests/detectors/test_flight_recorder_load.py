@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.flight_recorder import FlightRecorderError, load_dump_dir, parse_dump
+from trainguard.detectors.flight_recorder import FlightRecorderError, load_dump_dir, parse_dump
 
 
 def _entry(seq: int, state: str = "completed", **kw: object) -> dict[str, object]:

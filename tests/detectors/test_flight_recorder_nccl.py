@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from detectors.flight_recorder import analyze_dumps, load_dump_dir
-from schemas.topology import JobTopology
+from trainguard.detectors.flight_recorder import analyze_dumps, load_dump_dir
+from trainguard.schemas.topology import JobTopology
 
 NCCL = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder_nccl"
 MANIFEST = json.loads((NCCL / "manifest.json").read_text())

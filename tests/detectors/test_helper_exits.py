@@ -12,10 +12,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from detectors.decide import DecisionPolicy
-from detectors.job_monitor import JobMonitor, MonitorConfig
-from schemas.enums import Action, ProcessRole
-from schemas.workload import ProcessExit
+from trainguard.detectors.decide import DecisionPolicy
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
+from trainguard.schemas.enums import Action, ProcessRole
+from trainguard.schemas.workload import ProcessExit
 
 KILL = Path(__file__).resolve().parents[1] / "fixtures" / "exits" / "shadow-loader-takeover-kill.jsonl"
 

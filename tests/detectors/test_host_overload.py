@@ -3,10 +3,10 @@ sample at 98% is a compile or a checkpoint, not a reason to stop a job."""
 
 from __future__ import annotations
 
-from detectors import state as codec
-from detectors.node_inspector import HostThresholds, NodeInspector
-from schemas.enums import Action
-from schemas.telemetry import HostSample
+from trainguard.detectors import state as codec
+from trainguard.detectors.node_inspector import HostThresholds, NodeInspector
+from trainguard.schemas.enums import Action
+from trainguard.schemas.telemetry import HostSample
 
 GIB = 1 << 30
 

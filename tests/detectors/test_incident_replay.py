@@ -3,7 +3,7 @@
 ``tests/fixtures/incidents`` holds what a real ``trainguard demo`` run put on the detectors'
 input topics around each injected fault (``scripts/record_incidents.py``), the worker config
 it ran with and, in ``expected.yaml``, what its stream worker decided.  Each recording is
-replayed offline through :mod:`detectors.replay` (the agents' detectors, the records' own
+replayed offline through :mod:`trainguard.detectors.replay` (the agents' detectors, the records' own
 clock) and must decide what the real run decided, and what the project's rules say the fault
 calls for.  The slow test replays recordings into the real broker for a fresh real worker.
 """
@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from detectors.replay import ReplayConfig, ReplayResult, decode_records, replay_events
-from infra.config import Settings
-from infra.replay import read_recording, replay
-from schemas.control import Decision
-from schemas.topics import DECISIONS
 from tests.net import free_port
 from tests.streams.harness import Watcher, WorkerProcess, unique
+from trainguard.detectors.replay import ReplayConfig, ReplayResult, decode_records, replay_events
+from trainguard.infra.config import Settings
+from trainguard.infra.replay import read_recording, replay
+from trainguard.schemas.control import Decision
+from trainguard.schemas.topics import DECISIONS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 ROWS: list[dict[str, Any]] = yaml.safe_load((FIXTURES / "expected.yaml").read_text())

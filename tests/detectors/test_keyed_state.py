@@ -11,22 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors import state as codec
-from detectors.job_monitor import MonitorConfig
-from detectors.keyed_state import STATEFUL, PathState
-from detectors.routing import AGGREGATION, DECIDE, INSPECTION, TRAINING, DetectionPath
-from detectors.training import StallConfig
-from schemas.control import CommandKind, Decision, Detection, Targets
-from schemas.enums import Action, ProcessRole, Severity
-from schemas.topology import JobTopology
-from schemas.workload import StackDump, TrainingStep
-from streams.config import WorkerConfig
+from trainguard.detectors import state as codec
+from trainguard.detectors.job_monitor import MonitorConfig
+from trainguard.detectors.keyed_state import STATEFUL, PathState
+from trainguard.detectors.routing import AGGREGATION, DECIDE, INSPECTION, TRAINING, DetectionPath
+from trainguard.detectors.training import StallConfig
+from trainguard.schemas.control import CommandKind, Decision, Detection, Targets
+from trainguard.schemas.enums import Action, ProcessRole, Severity
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import StackDump, TrainingStep
+from trainguard.streams.config import WorkerConfig
 
 LINK_DOWN = "[ 5521.118340] mlx5_core 0000:5e:00.0 ib0: Link down"
 
 
 def _log(node: str, ts_ms: int) -> object:
-    from schemas.workload import LogLine
+    from trainguard.schemas.workload import LogLine
 
     return LogLine(node=node, ts_ms=ts_ms, source="kernel", line=LINK_DOWN, job="j")
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.log_classifier import (
+from trainguard.commands.classify import COMMANDS, classify_log
+from trainguard.detectors.log_classifier import (
     Classification,
     ClassifierConfig,
     LogClassifier,
@@ -20,10 +21,9 @@ from detectors.log_classifier import (
     parse_timestamp,
     split_prefix,
 )
-from detectors.windows import WindowCounter, WindowTracker
-from schemas.config import ConfigError, load_config
-from schemas.enums import Action, Severity
-from trainguard.commands.classify import COMMANDS, classify_log
+from trainguard.detectors.windows import WindowCounter, WindowTracker
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.enums import Action, Severity
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 

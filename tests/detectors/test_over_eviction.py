@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from detectors.stacks import (
+from trainguard.commands.stacks import COMMANDS
+from trainguard.detectors.stacks import (
     OverEvictionClassifier,
     OverEvictionConfig,
     OverEvictionResult,
@@ -21,10 +22,9 @@ from detectors.stacks import (
     collect_round,
     load_dump_dir,
 )
-from schemas.config import ConfigError, load_config
-from schemas.enums import Verdict
-from schemas.topology import JobTopology
-from trainguard.commands.stacks import COMMANDS
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.enums import Verdict
+from trainguard.schemas.topology import JobTopology
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stacks"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "manifest.json").is_file())

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.placement import (
+from trainguard.detectors.placement import (
     Groups,
     PlacementConfig,
     choose_replacements,
@@ -18,9 +18,9 @@ from detectors.placement import (
     place_standbys,
     uncovered_pods,
 )
-from detectors.placement.replace import Replacement
-from schemas.network import MachinePosition as P
-from schemas.topology import JobTopology
+from trainguard.detectors.placement.replace import Replacement
+from trainguard.schemas.network import MachinePosition as P
+from trainguard.schemas.topology import JobTopology
 
 EXACT = PlacementConfig(exact_nodes=10_000_000)
 HEURISTIC = PlacementConfig(exact_nodes=0)

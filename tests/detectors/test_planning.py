@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from detectors.planning import (
+from trainguard.detectors.planning import (
     PlanningError,
     backup_peers,
     binomial_cdf,
@@ -17,7 +17,7 @@ from detectors.planning import (
     standby_pool_size,
     valid_replay_ks,
 )
-from schemas.topology import DIMS, JobTopology
+from trainguard.schemas.topology import DIMS, JobTopology
 
 
 @pytest.mark.parametrize(("machines", "standbys"), [(128, 2), (256, 2), (512, 3), (1024, 4)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from detectors.replay import OfflinePipeline, ReplayConfig
-from detectors.routing import (
+from trainguard.detectors.replay import OfflinePipeline, ReplayConfig
+from trainguard.detectors.routing import (
     AGGREGATION,
     ANOMALY,
     DECIDE,
@@ -19,11 +19,11 @@ from detectors.routing import (
     stages_for,
     stages_of,
 )
-from schemas.control import Command, CommandKind, Decision, Detection, JobSpec
-from schemas.enums import Action, ProcessRole
-from schemas.topics import DECISIONS, DETECTIONS, GPU, HEARTBEATS, JOBS, STACKS
-from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump, LogLine, StackDump
+from trainguard.schemas.control import Command, CommandKind, Decision, Detection, JobSpec
+from trainguard.schemas.enums import Action, ProcessRole
+from trainguard.schemas.topics import DECISIONS, DETECTIONS, GPU, HEARTBEATS, JOBS, STACKS
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import FlightRecorderDump, LogLine, StackDump
 
 ROOT = Path(__file__).resolve().parents[2]
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from detectors.log_classifier import LogClassifier, classify_exit
-from detectors.rule_table import (
+from trainguard.detectors.log_classifier import LogClassifier, classify_exit
+from trainguard.detectors.rule_table import (
     Rule,
     RuleTable,
     RuleTableError,
@@ -21,7 +21,7 @@ from detectors.rule_table import (
     parse_xid,
     required_literals,
 )
-from schemas.enums import Action, Severity
+from trainguard.schemas.enums import Action, Severity
 
 TABLE = default_rule_table()
 ROWS = list(TABLE.rules)

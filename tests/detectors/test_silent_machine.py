@@ -3,13 +3,13 @@ stall would ask for a stack capture that can only time out on its ranks."""
 
 from __future__ import annotations
 
-from detectors.decide import DecisionPolicy
-from detectors.job_monitor import JobMonitor, MonitorConfig
-from detectors.liveness import LivenessConfig, SilentMachineDetector
-from detectors.stopped_job import RecoveryStatus
-from detectors.training import StallConfig
-from schemas.enums import Action
-from schemas.workload import RankLiveness, TrainingStep
+from trainguard.detectors.decide import DecisionPolicy
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
+from trainguard.detectors.liveness import LivenessConfig, SilentMachineDetector
+from trainguard.detectors.stopped_job import RecoveryStatus
+from trainguard.detectors.training import StallConfig
+from trainguard.schemas.enums import Action
+from trainguard.schemas.workload import RankLiveness, TrainingStep
 
 NODES = {"n1": [0, 1], "n2": [2, 3]}
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from detectors.decide import DecisionPolicy
-from detectors.job_monitor import JobMonitor, MonitorConfig
-from detectors.slow_data import SlowDataConfig, SlowDataDetector, wait_fraction
-from schemas.config import ConfigError, load_config
-from schemas.enums import Action
-from schemas.workload import TrainingStep
+from trainguard.detectors.decide import DecisionPolicy
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
+from trainguard.detectors.slow_data import SlowDataConfig, SlowDataDetector, wait_fraction
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.enums import Action
+from trainguard.schemas.workload import TrainingStep
 
 COMPUTE_S = 0.5
 

@@ -9,8 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.stacks import DumpName, DumpParser, Frame, StackParseError, collect_round, load_dump_dir
-from detectors.stacks.model import normalize_filename
+from trainguard.detectors.stacks import (
+    DumpName,
+    DumpParser,
+    Frame,
+    StackParseError,
+    collect_round,
+    load_dump_dir,
+)
+from trainguard.detectors.stacks.model import normalize_filename
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stacks"
 HANG = FIXTURES / "tp2pp2dp2_compute_hang_last_stage"

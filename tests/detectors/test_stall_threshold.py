@@ -15,19 +15,19 @@ from typing import Any
 import pytest
 import yaml
 
-from detectors import state as codec
-from detectors.capture import AggregationConfig, Capture, Captures
-from detectors.job_monitor import JobMonitor, MonitorConfig
-from detectors.replay import ReplayConfig, decode_records, replay_events
-from detectors.routing import DetectionPath
-from detectors.stopped_job import RecoveryStatus
-from detectors.training import StallConfig, StepStallDetector
-from infra.replay import read_recording
-from schemas.config import ConfigError, load_config
-from schemas.control import Decision, stable_id
-from schemas.enums import Action, ProcessRole
-from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump, ProcessInfo, StackDump, TrainingStep
+from trainguard.detectors import state as codec
+from trainguard.detectors.capture import AggregationConfig, Capture, Captures
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
+from trainguard.detectors.replay import ReplayConfig, decode_records, replay_events
+from trainguard.detectors.routing import DetectionPath
+from trainguard.detectors.stopped_job import RecoveryStatus
+from trainguard.detectors.training import StallConfig, StepStallDetector
+from trainguard.infra.replay import read_recording
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.control import Decision, stable_id
+from trainguard.schemas.enums import Action, ProcessRole
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import FlightRecorderDump, ProcessInfo, StackDump, TrainingStep
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 ROWS: list[dict[str, Any]] = yaml.safe_load((FIXTURES / "expected.yaml").read_text())

@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from detectors.job_monitor import MonitorConfig
-from detectors.replay import OfflinePipeline, ReplayConfig, decode_records
-from detectors.stopped_job import StoppedConfig
-from infra.replay import read_recording
-from schemas.base import Event
-from schemas.control import ActionEvent, ActionPhase, stable_id
-from schemas.enums import Action
-from schemas.workload import ProcessExit, TrainingStep
+from trainguard.detectors.job_monitor import MonitorConfig
+from trainguard.detectors.replay import OfflinePipeline, ReplayConfig, decode_records
+from trainguard.detectors.stopped_job import StoppedConfig
+from trainguard.infra.replay import read_recording
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import ActionEvent, ActionPhase, stable_id
+from trainguard.schemas.enums import Action
+from trainguard.schemas.workload import ProcessExit, TrainingStep
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 STOPPED_S = 30.0

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from detectors.job_monitor import JobMonitor, MonitorConfig
-from detectors.training import StragglerConfig
-from schemas.workload import TrainingStep
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
+from trainguard.detectors.training import StragglerConfig
+from trainguard.schemas.workload import TrainingStep
 
 STARTUP = Path(__file__).resolve().parents[1] / "fixtures" / "startup-steps.jsonl"
 

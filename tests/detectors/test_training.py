@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from detectors.findings import Finding, worst
-from detectors.training import (
+from trainguard.detectors.findings import Finding, worst
+from trainguard.detectors.training import (
     MfuConfig,
     MfuDeclineDetector,
     SpikeConfig,
@@ -18,8 +18,8 @@ from detectors.training import (
     StragglerConfig,
     StragglerDetector,
 )
-from schemas.config import ConfigError, load_config
-from schemas.enums import Action, Severity
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.enums import Action, Severity
 
 # --- NaN and spikes --------------------------------------------------------------------------------
 

@@ -8,14 +8,21 @@ decide policy, the capture and its verdict.
 
 from __future__ import annotations
 
-from detectors.job_monitor import MonitorConfig
-from detectors.replay import ReplayConfig
-from detectors.routing import DetectionPath
-from detectors.training import StallConfig
-from schemas.control import Decision, Detection
-from schemas.enums import Action, ProcessRole
-from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump, Frame, ProcessInfo, StackDump, ThreadStack, TrainingStep
+from trainguard.detectors.job_monitor import MonitorConfig
+from trainguard.detectors.replay import ReplayConfig
+from trainguard.detectors.routing import DetectionPath
+from trainguard.detectors.training import StallConfig
+from trainguard.schemas.control import Decision, Detection
+from trainguard.schemas.enums import Action, ProcessRole
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import (
+    FlightRecorderDump,
+    Frame,
+    ProcessInfo,
+    StackDump,
+    ThreadStack,
+    TrainingStep,
+)
 
 TOPO = JobTopology(job="j", machines=("m0", "m1"), tp=1, pp=1, dp=2, ranks_per_machine=1)
 #: the demo's stall settings: 3 x p99 of the step time, within [2 s, 6 s].
@@ -128,7 +135,7 @@ def test_a_step_before_the_threshold_makes_the_early_capture_moot_and_clears_the
 def test_no_early_capture_before_the_first_step_after_a_restart() -> None:
     """A restarted job's first step is slow (ranks start, load the checkpoint): only the full
     threshold applies until it has stepped once."""
-    from detectors.stopped_job import RecoveryStatus
+    from trainguard.detectors.stopped_job import RecoveryStatus
 
     path = _path()
     _train(path, range(1, 41))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streams.exporter.config import ExporterConfig, load_exporter_config
+from trainguard.streams.exporter.config import ExporterConfig, load_exporter_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.bus import decode_record
-from infra.config import KafkaConfig
-from schemas.base import Event
-from schemas.control import DeadLetter
+from trainguard.infra.bus import decode_record
+from trainguard.infra.config import KafkaConfig
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import DeadLetter
 
 
 class TopicReader:

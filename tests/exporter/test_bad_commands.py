@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from infra.bus import EventProducer, signer_for
-from infra.config import KafkaConfig, Settings
-from infra.signing import Signer, SigningConfig, Verifier, init_keys
-from schemas.base import now_ms
-from schemas.codec import encode
-from schemas.control import Command, CommandKind, DeadLetter
-from schemas.topics import COMMANDS, DEAD_LETTERS
-from streams.exporter.commands import STAGE, CommandListener
-from streams.exporter.config import CommandsConfig
 from tests.streams.harness import Watcher
 from tests.waiting import wait_until
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import KafkaConfig, Settings
+from trainguard.infra.signing import Signer, SigningConfig, Verifier, init_keys
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import encode
+from trainguard.schemas.control import Command, CommandKind, DeadLetter
+from trainguard.schemas.topics import COMMANDS, DEAD_LETTERS
+from trainguard.streams.exporter.commands import STAGE, CommandListener
+from trainguard.streams.exporter.config import CommandsConfig
 
 NODE = "node-bad"
 

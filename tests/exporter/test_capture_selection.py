@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from schemas.enums import ProcessRole
-from schemas.workload import ThreadStack
-from streams.exporter.commands import capture_args, first_round_of
-from streams.exporter.config import StacksConfig
-from streams.exporter.sources.process import TrackedProcess
-from streams.exporter.stack_capture import StackCapturer
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.workload import ThreadStack
+from trainguard.streams.exporter.commands import capture_args, first_round_of
+from trainguard.streams.exporter.config import StacksConfig
+from trainguard.streams.exporter.sources.process import TrackedProcess
+from trainguard.streams.exporter.stack_capture import StackCapturer
 
 PROCESSES = [
     TrackedProcess(10, 1, 100, "python", "S", "python -m launcher", ProcessRole.OTHER, -1),

@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from infra.bus import EventProducer, signer_for
-from infra.config import Settings
-from infra.stack.kafka import KafkaServer
-from schemas.base import Event, now_ms
-from schemas.control import Command, CommandKind
-from schemas.telemetry import Heartbeat, HostSample, NicSampleBatch
-from schemas.topics import COMMANDS, HEARTBEATS, HOST, LOGS, NIC
-from schemas.workload import LogLine
-from streams.exporter.service import ExporterService
 from tests.exporter.conftest import make_cfg
 from tests.exporter.kafka_helpers import TopicReader
 from tests.private_kafka import private_kafka as private_broker
 from tests.waiting import wait_until
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.kafka import KafkaServer
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.control import Command, CommandKind
+from trainguard.schemas.telemetry import Heartbeat, HostSample, NicSampleBatch
+from trainguard.schemas.topics import COMMANDS, HEARTBEATS, HOST, LOGS, NIC
+from trainguard.schemas.workload import LogLine
+from trainguard.streams.exporter.service import ExporterService
 
 pytestmark = pytest.mark.slow
 

@@ -16,20 +16,20 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from infra.config import KafkaConfig, Settings
-from schemas.codec import encode
-from schemas.telemetry import Heartbeat
-from schemas.workload import TrainingStep
-from streams.exporter.config import load_exporter_config
-from streams.exporter.delivery import Delivery
-from streams.exporter.metrics import ERROR_TEXT_MAX, ExporterMetrics
-from streams.exporter.runner import Exporter
-from streams.exporter.service import ExporterService
-from streams.exporter.spool import Spool
 from tests.exporter.conftest import make_cfg
 from tests.net import free_port
 from tests.waiting import wait_until
 from trainguard.commands.exporter import exporter
+from trainguard.infra.config import KafkaConfig, Settings
+from trainguard.schemas.codec import encode
+from trainguard.schemas.telemetry import Heartbeat
+from trainguard.schemas.workload import TrainingStep
+from trainguard.streams.exporter.config import load_exporter_config
+from trainguard.streams.exporter.delivery import Delivery
+from trainguard.streams.exporter.metrics import ERROR_TEXT_MAX, ExporterMetrics
+from trainguard.streams.exporter.runner import Exporter
+from trainguard.streams.exporter.service import ExporterService
+from trainguard.streams.exporter.spool import Spool
 
 ONLY_HOST_AND_NIC = {
     "process": {"enabled": False},
@@ -237,7 +237,7 @@ def test_port_zero_serves_nothing_and_a_taken_port_is_only_logged(
         try:
             off.start()
             assert off.metrics_port is None
-            with caplog.at_level(logging.WARNING, logger="infra.metrics_server"):
+            with caplog.at_level(logging.WARNING, logger="trainguard.infra.metrics_server"):
                 busy.start()
             assert busy.metrics_port is None
             assert f"cannot serve /metrics on 127.0.0.1:{port}" in caplog.text

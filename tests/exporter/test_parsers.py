@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from detectors.rule_table import default_rule_table
-from infra.proctable import ProcTable
-from schemas.enums import ProcessRole
-from streams.exporter.config import HostConfig, NicConfig
-from streams.exporter.sources import host, kernel_log, nic, process
-from streams.exporter.sources.nvml import build_gpu_sample, decode_throttle, xid_line
-from streams.exporter.stack_capture import parse_pyspy_json, refine_role, render_text
 from tests.exporter.conftest import FIXTURES
+from trainguard.detectors.rule_table import default_rule_table
+from trainguard.infra.proctable import ProcTable
+from trainguard.schemas.enums import ProcessRole
+from trainguard.streams.exporter.config import HostConfig, NicConfig
+from trainguard.streams.exporter.sources import host, kernel_log, nic, process
+from trainguard.streams.exporter.sources.nvml import build_gpu_sample, decode_throttle, xid_line
+from trainguard.streams.exporter.stack_capture import parse_pyspy_json, refine_role, render_text
 
 ROOT = FIXTURES / "root"
 LOG_RULE_EXAMPLES = [
@@ -27,15 +27,15 @@ LOG_RULE_EXAMPLES = [
 ]
 
 MODULES = [
-    "streams.exporter.sources.host",
-    "streams.exporter.sources.kernel_log",
-    "streams.exporter.sources.nic",
-    "streams.exporter.sources.nvml",
-    "streams.exporter.sources.process",
-    "streams.exporter.stack_capture",
-    "streams.exporter.spool",
-    "streams.exporter.commands",
-    "streams.reporter",
+    "trainguard.streams.exporter.sources.host",
+    "trainguard.streams.exporter.sources.kernel_log",
+    "trainguard.streams.exporter.sources.nic",
+    "trainguard.streams.exporter.sources.nvml",
+    "trainguard.streams.exporter.sources.process",
+    "trainguard.streams.exporter.stack_capture",
+    "trainguard.streams.exporter.spool",
+    "trainguard.streams.exporter.commands",
+    "trainguard.streams.reporter",
 ]
 
 

@@ -8,13 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from schemas.codec import decode
-from schemas.workload import LogLine, ProcessExit, TrainingStep
-from streams.exporter.sources.base import SourceContext
-from streams.exporter.sources.reporter import ReporterSource
-from streams.reporter import Reporter
 from tests.exporter.conftest import make_cfg
 from tests.waiting import wait_until
+from trainguard.schemas.codec import decode
+from trainguard.schemas.workload import LogLine, ProcessExit, TrainingStep
+from trainguard.streams.exporter.sources.base import SourceContext
+from trainguard.streams.exporter.sources.reporter import ReporterSource
+from trainguard.streams.reporter import Reporter
 
 
 def _source(root: Path, tmp_path: Path) -> ReporterSource:
@@ -108,7 +108,7 @@ def test_dropped_count_travels_with_the_next_step(root: Path, tmp_path: Path) ->
 
 CRASHING = """
 import threading
-from streams.reporter import Reporter
+from trainguard.streams.reporter import Reporter
 rep = Reporter(job="job-t", rank=1, socket_path={sock!r})
 rep.step(0, loss=1.0)
 t = threading.Thread(target=lambda: 1 / 0, name="prefetch")
@@ -143,7 +143,7 @@ def test_uncaught_exception_is_reported_with_traceback(root: Path, tmp_path: Pat
 def test_sigterm_reports_signal(root: Path, tmp_path: Path) -> None:
     src = _source(root, tmp_path)
     code = (
-        "import time; from streams.reporter import Reporter; "
+        "import time; from trainguard.streams.reporter import Reporter; "
         f"r = Reporter(job='job-t', rank=2, socket_path={str(src.path)!r}); print('up', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -18,20 +18,20 @@ from typing import Any
 
 import pytest
 
-from schemas.base import Event
-from schemas.codec import encode
-from schemas.config import ConfigError
-from schemas.workload import ProcessExit, TrainingStep
-from streams.exporter.sources.base import SourceContext
-from streams.exporter.sources.reporter import (
+from tests.exporter.conftest import make_cfg
+from tests.waiting import wait_until
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import encode
+from trainguard.schemas.config import ConfigError
+from trainguard.schemas.workload import ProcessExit, TrainingStep
+from trainguard.streams.exporter.sources.base import SourceContext
+from trainguard.streams.exporter.sources.reporter import (
     MAX_DATAGRAM,
     Peer,
     ReporterSource,
     bind_socket,
     peer_of,
 )
-from tests.exporter.conftest import make_cfg
-from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 UID = os.getuid()
@@ -127,7 +127,7 @@ def test_uid_binding_wins_over_the_exporters_job(
 ) -> None:
     src = _source(root, tmp_path, job_by_uid={str(UID): "bound"})
     sources.append(src)
-    caplog.set_level(logging.WARNING, "streams.exporter.sources.reporter")
+    caplog.set_level(logging.WARNING, "trainguard.streams.exporter.sources.reporter")
     _send(src.path, _step("", 0) + b"\n" + _step("bound", 1), _step("job-t", 2), _step("other", 3))
     got = _settle(src, 2, 2)
     assert [(e.step, e.job) for e in got if isinstance(e, TrainingStep)] == [(0, "bound"), (1, "bound")]
@@ -173,7 +173,7 @@ def test_garbage_is_still_refused(root: Path, tmp_path: Path, sources: list) -> 
 
 
 SENDER = """
-from streams.reporter import Reporter
+from trainguard.streams.reporter import Reporter
 rep = Reporter(job={job!r}, rank=5, socket_path={sock!r}, capture_exceptions=False, capture_sigterm=False)
 rep.step(0, loss=1.0)
 rep.close(exit_code=0)
@@ -204,7 +204,7 @@ def test_reporter_in_another_process(
 ) -> None:
     src = _source(root, tmp_path)
     sources.append(src)
-    caplog.set_level(logging.WARNING, "streams.exporter.sources.reporter")
+    caplog.set_level(logging.WARNING, "trainguard.streams.exporter.sources.reporter")
     pid = _reporter_process(src.path, "job-t")
     got = _settle(src, 2, 0)
     (step,) = [e for e in got if isinstance(e, TrainingStep)]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from trainguard_demo.nvml_sim import SimulatedNvml
 
-from schemas.telemetry import GpuSampleBatch, GpuState, Heartbeat, HostSample, NicSampleBatch
-from schemas.workload import LogLine, ProcessExit, RankLiveness
-from streams.exporter.runner import Exporter
-from streams.exporter.sources.base import SourceContext
-from streams.exporter.sources.kernel_log import KernelLogSource
 from tests.exporter.conftest import make_cfg
+from trainguard.schemas.telemetry import GpuSampleBatch, GpuState, Heartbeat, HostSample, NicSampleBatch
+from trainguard.schemas.workload import LogLine, ProcessExit, RankLiveness
+from trainguard.streams.exporter.runner import Exporter
+from trainguard.streams.exporter.sources.base import SourceContext
+from trainguard.streams.exporter.sources.kernel_log import KernelLogSource
 
 
 def _by_type(events: list, cls: type) -> list:

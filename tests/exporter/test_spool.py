@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.exporter.config import load_exporter_config
-from streams.exporter.spool import Record, Spool, encode_frame
+from trainguard.streams.exporter.config import load_exporter_config
+from trainguard.streams.exporter.spool import Record, Spool, encode_frame
 
 #: (what was synced: "file"/"dir", its size then, the calling thread's name)
 Sync = tuple[str, int, str]

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from infra.bus import EventProducer, signer_for
-from infra.config import Settings
-from schemas.base import Event, now_ms
-from schemas.control import Command, CommandKind
-from schemas.enums import ProcessRole
-from schemas.topics import COMMANDS, STACKS, STEPS
-from schemas.workload import StackDump, TrainingStep
-from streams.exporter.config import load_exporter_config
-from streams.exporter.service import ExporterService
 from tests.net import free_port
 from tests.waiting import wait_until
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.control import Command, CommandKind
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.topics import COMMANDS, STACKS, STEPS
+from trainguard.schemas.workload import StackDump, TrainingStep
+from trainguard.streams.exporter.config import load_exporter_config
+from trainguard.streams.exporter.service import ExporterService
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ def main() -> None:
     import torch.distributed as dist
     from torch.utils.data import DataLoader, Dataset
 
-    from streams.reporter import Reporter
+    from trainguard.streams.reporter import Reporter
 
     class Random(Dataset):  # type: ignore[type-arg]
         def __len__(self) -> int:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from schemas.base import Event
-from schemas.control import (
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import (
     ActionEvent,
     ActionPhase,
     Command,
@@ -14,8 +14,8 @@ from schemas.control import (
     JobSpec,
     Targets,
 )
-from schemas.enums import Action, ProcessRole, Severity
-from schemas.telemetry import (
+from trainguard.schemas.enums import Action, ProcessRole, Severity
+from trainguard.schemas.telemetry import (
     DiskUsage,
     GpuSample,
     GpuSampleBatch,
@@ -26,8 +26,8 @@ from schemas.telemetry import (
     NicSampleBatch,
     SourceHealth,
 )
-from schemas.topology import JobTopology
-from schemas.workload import (
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import (
     FlightRecorderDump,
     FlightRecorderEntry,
     FlightRecorderGroup,

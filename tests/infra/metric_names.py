@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from infra.config import KafkaConfig, load_settings
+from trainguard.infra.config import KafkaConfig, load_settings
 
 #: the sample names a metric family of each type exposes (``<name><suffix>``).
 _SUFFIXES = {
@@ -61,12 +61,12 @@ class _NoProducer:
 
 def component_names(tmp: Path) -> dict[str, set[str]]:
     """Component -> the metric names it exposes: worker, exporter, actions."""
-    from actions.config import ActionsConfig
-    from actions.service import ActionService
-    from streams.app import build_app
-    from streams.config import WorkerConfig
-    from streams.exporter.config import load_exporter_config
-    from streams.exporter.service import ExporterService
+    from trainguard.actions.config import ActionsConfig
+    from trainguard.actions.service import ActionService
+    from trainguard.streams.app import build_app
+    from trainguard.streams.config import WorkerConfig
+    from trainguard.streams.exporter.config import load_exporter_config
+    from trainguard.streams.exporter.service import ExporterService
 
     base = load_settings(environ={})
     settings = dataclasses.replace(

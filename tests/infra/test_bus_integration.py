@@ -9,16 +9,16 @@ from collections.abc import Callable
 
 import pytest
 
-from infra.bus import EventConsumer, EventProducer, seed_group_offsets, signer_for
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings
-from infra.sink import Sink, SinkConfig
-from schemas.base import now_ms
-from schemas.control import DeadLetter
-from schemas.topics import DEAD_LETTERS, LOGS, TOPICS
-from schemas.workload import LogLine
 from tests.infra.events import one_of_each
 from tests.waiting import wait_until
+from trainguard.infra.bus import EventConsumer, EventProducer, seed_group_offsets, signer_for
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings
+from trainguard.infra.sink import Sink, SinkConfig
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import DeadLetter
+from trainguard.schemas.topics import DEAD_LETTERS, LOGS, TOPICS
+from trainguard.schemas.workload import LogLine
 
 pytestmark = pytest.mark.slow
 

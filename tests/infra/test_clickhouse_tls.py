@@ -23,12 +23,12 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.httpclient import HttpClient
 
-from infra.clickhouse.store import ClickHouseStore, StoreError
-from infra.config import ClickHouseConfig, load_settings
-from infra.stack.clickhouse import find_binary
-from schemas.config import ConfigError, load_config
 from tests.net import free_port
 from tests.waiting import wait_until
+from trainguard.infra.clickhouse.store import ClickHouseStore, StoreError
+from trainguard.infra.config import ClickHouseConfig, load_settings
+from trainguard.infra.stack.clickhouse import find_binary
+from trainguard.schemas.config import ConfigError, load_config
 
 
 def _accepted() -> set[str]:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from infra.clickhouse.store import ClickHouseStore
-from schemas.base import Event, now_ms
-from schemas.control import ActionEvent, ActionPhase, Decision, Targets
-from schemas.enums import Action
-from schemas.workload import TrainingStep
 from tests.infra.metric_names import DEPLOY, component_names, used
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.control import ActionEvent, ActionPhase, Decision, Targets
+from trainguard.schemas.enums import Action
+from trainguard.schemas.workload import TrainingStep
 
 DASHBOARD = DEPLOY / "grafana" / "trainguard-dashboard.json"
 PROMETHEUS = "prometheus"

@@ -15,7 +15,12 @@ from collections.abc import Callable
 import pytest
 from clickhouse_connect.driver import exceptions as ch
 
-from infra.clickhouse.store import StoreError, describe_error, error_code, insert_error_is_retryable
+from trainguard.infra.clickhouse.store import (
+    StoreError,
+    describe_error,
+    error_code,
+    insert_error_is_retryable,
+)
 
 URL = "(for url http://localhost:18123)"
 

@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from infra.k8s.lease import LeaseElector
-from infra.stack.k8s import K8sCluster
 from tests.net import free_port
+from trainguard.infra.k8s.lease import LeaseElector
+from trainguard.infra.stack.k8s import K8sCluster
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.k8s.apply import ManifestError, apply_documents, load_documents
-from infra.k8s.bootstrap import DEPLOY_DIR
-from infra.stack.k8s import RACK_LABEL, ZONE_LABEL, K8sCluster, K8sConfig
 from tests.k8s_fixture import NODES, admin
 from tests.waiting import wait_until
+from trainguard.infra.k8s.apply import ManifestError, apply_documents, load_documents
+from trainguard.infra.k8s.bootstrap import DEPLOY_DIR
+from trainguard.infra.stack.k8s import RACK_LABEL, ZONE_LABEL, K8sCluster, K8sConfig
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_nodes_carry_their_network_position(k8s_cluster: K8sCluster) -> None:
 def test_the_api_server_reports_the_release_it_was_built_at(k8s_cluster: K8sCluster) -> None:
     from kubernetes import client
 
-    from infra.stack.k8s import K8S_VERSION
+    from trainguard.infra.stack.k8s import K8S_VERSION
 
     info = client.VersionApi(client_for(k8s_cluster)).get_code()
     assert info.git_version == K8S_VERSION

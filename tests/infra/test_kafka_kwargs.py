@@ -11,8 +11,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from kafka import KafkaConsumer, KafkaProducer
 
-from infra.config import KafkaConfig
-from streams.kafka_compat import aiokafka_kwargs, faust_broker
+from trainguard.infra.config import KafkaConfig
+from trainguard.streams.kafka_compat import aiokafka_kwargs, faust_broker
 
 SASL_SSL = KafkaConfig(
     bootstrap_servers="k1:9093, k2:9093",

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from detectors.node_inspector import NodeInspector
-from infra.clickhouse import named
-from infra.clickhouse.named import QueryError
-from infra.clickhouse.store import ClickHouseStore
-from schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, Detection, Targets
-from schemas.enums import Action, Severity
-from schemas.workload import LogLine, TrainingStep
-from streams.shadow_loader import LoaderEvent
+from trainguard.detectors.node_inspector import NodeInspector
+from trainguard.infra.clickhouse import named
+from trainguard.infra.clickhouse.named import QueryError
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, Detection, Targets
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.workload import LogLine, TrainingStep
+from trainguard.streams.shadow_loader import LoaderEvent
 
 T0 = 1_795_000_000_000
 

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from infra.clickhouse.postmortem import ettr, incidents, sliding_ettr
-from infra.clickhouse.store import ClickHouseStore
-from schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
-from schemas.enums import Action, Severity
-from schemas.workload import TrainingStep
+from trainguard.infra.clickhouse.postmortem import ettr, incidents, sliding_ettr
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.workload import TrainingStep
 
 T0 = 1_795_000_000_000
 

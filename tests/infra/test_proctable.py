@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.proctable import LIVE, ProcTable
 from tests.waiting import wait_until
+from trainguard.infra.proctable import LIVE, ProcTable
 
 FIXTURE_PROC = Path(__file__).parents[1] / "exporter" / "fixtures" / "root" / "proc"
 

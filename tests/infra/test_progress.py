@@ -1,4 +1,4 @@
-"""The progress line of long commands (:mod:`infra.progress`): one line rewritten in place on a
+"""The progress line of long commands (:mod:`trainguard.infra.progress`): one line rewritten in place on a
 terminal, plain lines at an interval in a log, nothing when turned off; a fake stream and clock."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from infra.progress import ENV, INTERVAL_ENV, Progress, fmt_duration, fmt_number, fmt_rate, quiet
+from trainguard.infra.progress import ENV, INTERVAL_ENV, Progress, fmt_duration, fmt_number, fmt_rate, quiet
 
 
 class Clock:

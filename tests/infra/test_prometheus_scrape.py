@@ -27,16 +27,16 @@ from typing import Any
 import pytest
 import yaml
 
-from actions.config import ActionsConfig
-from actions.executors.base import ExecutorEnv
-from actions.executors.dry_run import DryRunConfig, DryRunExecutor
-from actions.service import ActionService
-from infra.config import Settings
 from tests.exporter.conftest import FIXTURES
 from tests.infra.metric_names import DEPLOY
 from tests.net import free_ports
 from tests.streams.harness import WorkerProcess, unique
 from tests.waiting import wait_until
+from trainguard.actions.config import ActionsConfig
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.dry_run import DryRunConfig, DryRunExecutor
+from trainguard.actions.service import ActionService
+from trainguard.infra.config import Settings
 
 pytestmark = pytest.mark.slow
 

@@ -21,17 +21,17 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from detectors.replay import ReplayConfig, decode_records, replay_events
-from infra.config import Settings
-from infra.replay import read_recording
-from schemas.codec import encode
-from schemas.config import ConfigError, load_config
-from schemas.control import Decision, JobSpec
-from schemas.topics import DECISIONS, STEPS, TOPICS, namespaced
-from schemas.workload import TrainingStep
-from streams.config import WorkerConfig
 from tests.streams.harness import Watcher, unique
 from trainguard.cli import main
+from trainguard.detectors.replay import ReplayConfig, decode_records, replay_events
+from trainguard.infra.config import Settings
+from trainguard.infra.replay import read_recording
+from trainguard.schemas.codec import encode
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.schemas.control import Decision, JobSpec
+from trainguard.schemas.topics import DECISIONS, STEPS, TOPICS, namespaced
+from trainguard.schemas.workload import TrainingStep
+from trainguard.streams.config import WorkerConfig
 
 INCIDENTS = Path(__file__).resolve().parents[1] / "fixtures" / "incidents"
 ROWS: dict[str, dict[str, Any]] = {
@@ -285,7 +285,7 @@ def _keys_between(settings: Settings, name: str, start: dict[int, int], end: dic
 def test_replay_by_default_reaches_the_shadow_topics_and_not_the_live_ones(
     stack_settings: Settings, tmp_path: Path
 ) -> None:
-    from infra.bus import create_topics
+    from trainguard.infra.bus import create_topics
 
     job = unique("shadow-replay")
     steps, recording = _steps_recording(tmp_path, job)
@@ -338,12 +338,12 @@ def test_a_shadow_worker_decides_on_the_replayed_stream_and_only_there(
 ) -> None:
     """An Xid line replayed by default reaches the shadow worker, whose eviction decision lands on
     the shadow decisions topic; nothing of it reaches the live decisions topic."""
-    from schemas.base import now_ms
-    from schemas.topics import LOGS
-    from schemas.workload import LogLine
     from tests.net import free_port
     from tests.streams.harness import WorkerProcess
     from tests.waiting import wait_until
+    from trainguard.schemas.base import now_ms
+    from trainguard.schemas.topics import LOGS
+    from trainguard.schemas.workload import LogLine
 
     env = {"TRAINGUARD__WORKER__TOPIC_NAMESPACE": "shadow", "TRAINGUARD__WORKER__CHECK_INTERVAL_S": "1"}
     worker = WorkerProcess(unique("tg-shadow"), free_port(), tmp_path / "worker.log", env)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings
-from infra.report import data as report_data
-from infra.report.render import PHASE_COLOURS, render
-from schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
-from schemas.enums import Action, Severity
-from schemas.workload import TrainingStep
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings
+from trainguard.infra.report import data as report_data
+from trainguard.infra.report.render import PHASE_COLOURS, render
+from trainguard.schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
+from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.workload import TrainingStep
 
 T0 = 1_795_000_000_000
 ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"

@@ -25,16 +25,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.clickhouse.rows import MAPS, TABLES, Arrays, Column, Json, TableMap, TableSpec, line_hash
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import load_settings
-from schemas.base import EVENT_TYPES, Event
-from schemas.codec import DecodeError, decode
-from schemas.control import JobSpec
-from schemas.limits import MAX_TS_MS
-from schemas.telemetry import HostSample
 from tests.infra.events import XID_79, one_of_each
 from tests.schemas.strategies import dataclass_strategy, hostile_document
+from trainguard.infra.clickhouse.rows import (
+    MAPS,
+    TABLES,
+    Arrays,
+    Column,
+    Json,
+    TableMap,
+    TableSpec,
+    line_hash,
+)
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import load_settings
+from trainguard.schemas.base import EVENT_TYPES, Event
+from trainguard.schemas.codec import DecodeError, decode
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.limits import MAX_TS_MS
+from trainguard.schemas.telemetry import HostSample
 
 #: Integer columns whose field declares no range (``bounds``) that fits the column type, and why
 #: they are accepted for now.  A codec-valid event with a value outside the column type fails its

@@ -1,4 +1,4 @@
-"""infra.signing: signature headers of control-plane records, verification reasons, the replay
+"""trainguard.infra.signing: signature headers of control-plane records, verification reasons, the replay
 window, key files and rotation, and the ``trainguard keys`` CLI.  Pure: no broker, tmp_path only."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import yaml
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from infra.signing import (
+from trainguard.commands.keys import keys as keys_cli
+from trainguard.infra.signing import (
     COMMANDS,
     CONTROL,
     DECISIONS,
@@ -36,9 +37,8 @@ from infra.signing import (
     load_trusted,
     remove_trusted,
 )
-from schemas import topics
-from schemas.config import ConfigError, load_config
-from trainguard.commands.keys import keys as keys_cli
+from trainguard.schemas import topics
+from trainguard.schemas.config import ConfigError, load_config
 
 NOW = 1_750_000_000_000
 CFG = SigningConfig()

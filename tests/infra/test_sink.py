@@ -13,19 +13,19 @@ from typing import Any
 
 import pytest
 
-from infra.bus import EventProducer, signer_for
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings
-from infra.sink import BatchWriter, Sink, SinkConfig, SinkThread, Written
-from infra.stack.clickhouse import ClickHouseServer
-from schemas.base import Event, now_ms
-from schemas.codec import DecodeError, decode, encode
-from schemas.control import DeadLetter, Decision, Targets
-from schemas.enums import Action
-from schemas.topics import DEAD_LETTERS, DECISIONS, STEPS, Topic
-from schemas.workload import TrainingStep
 from tests.net import free_ports
 from tests.waiting import wait_until
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings
+from trainguard.infra.sink import BatchWriter, Sink, SinkConfig, SinkThread, Written
+from trainguard.infra.stack.clickhouse import ClickHouseServer
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import DecodeError, decode, encode
+from trainguard.schemas.control import DeadLetter, Decision, Targets
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import DEAD_LETTERS, DECISIONS, STEPS, Topic
+from trainguard.schemas.workload import TrainingStep
 
 pytestmark = pytest.mark.slow
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from infra.clickhouse.store import ClickHouseStore, StoreError
-from infra.sink import BatchWriter
-from schemas.base import Event, now_ms
-from schemas.codec import to_dict
-from schemas.control import DeadLetter, Decision, Targets
-from schemas.enums import Action
-from schemas.topics import topic_for
-from schemas.workload import TrainingStep
+from trainguard.infra.clickhouse.store import ClickHouseStore, StoreError
+from trainguard.infra.sink import BatchWriter
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import to_dict
+from trainguard.schemas.control import DeadLetter, Decision, Targets
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import topic_for
+from trainguard.schemas.workload import TrainingStep
 
 DAY_MS = 86_400_000
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from infra.config import load_settings
-from infra.proctable import LIVE
-from infra.stack.procs import StackError
-from infra.stack.slurm import Slurm, SlurmConfig, _binary
 from tests.net import free_port_block, free_ports
 from tests.waiting import wait_until
 from trainguard.cli import main
+from trainguard.infra.config import load_settings
+from trainguard.infra.proctable import LIVE
+from trainguard.infra.stack.procs import StackError
+from trainguard.infra.stack.slurm import Slurm, SlurmConfig, _binary
 
 pytestmark = pytest.mark.slow
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from infra.config import Settings, StackConfig, load_settings
-from infra.stack.clickhouse import ClickHouseServer
-from infra.stack.kafka import KafkaServer
-from infra.stack.manager import Stack
-from infra.stack.procs import StackError
 from tests.net import free_ports
 from tests.waiting import wait_until
 from trainguard.cli import main
+from trainguard.infra.config import Settings, StackConfig, load_settings
+from trainguard.infra.stack.clickhouse import ClickHouseServer
+from trainguard.infra.stack.kafka import KafkaServer
+from trainguard.infra.stack.manager import Stack
+from trainguard.infra.stack.procs import StackError
 
 pytestmark = pytest.mark.slow
 

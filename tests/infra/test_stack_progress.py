@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import StackConfig
-from infra.progress import ENV, Progress
-from infra.stack.k8s import _LogWatch
-from infra.stack.kafka import KafkaServer, MavenOutput
-from infra.stack.procs import StackError
+from trainguard.infra.config import StackConfig
+from trainguard.infra.progress import ENV, Progress
+from trainguard.infra.stack.k8s import _LogWatch
+from trainguard.infra.stack.kafka import KafkaServer, MavenOutput
+from trainguard.infra.stack.procs import StackError
 
 REPO = "https://repo.maven.apache.org/maven2/org/apache/kafka"
 MAVEN_LINES = [

@@ -8,11 +8,11 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from infra.clickhouse.rows import TABLES
-from infra.clickhouse.store import ClickHouseStore, StoreError, load_migrations
-from schemas.base import now_ms
-from schemas.workload import TrainingStep
 from tests.infra.events import one_of_each
+from trainguard.infra.clickhouse.rows import TABLES
+from trainguard.infra.clickhouse.store import ClickHouseStore, StoreError, load_migrations
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.workload import TrainingStep
 
 
 def test_migrations_are_recorded_and_idempotent(store: ClickHouseStore) -> None:

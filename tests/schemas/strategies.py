@@ -22,8 +22,8 @@ from typing import Any, Union
 
 from hypothesis import strategies as st
 
-from schemas.codec import MAX_DEPTH, to_dict
-from schemas.typecheck import to_plain
+from trainguard.schemas.codec import MAX_DEPTH, to_dict
+from trainguard.schemas.typecheck import to_plain
 
 #: any character that UTF-8 can encode (no lone surrogates: they are hostile input, not valid).
 CHARS = st.characters(codec="utf-8")

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.base import EVENT_TYPES, Event
-from schemas.codec import MAX_DEPTH, MAX_RECORD_BYTES, DecodeError, decode, encode, to_dict
-from schemas.control import Decision, Targets, decision_id
-from schemas.enums import Action
-from schemas.limits import MAX_TS_MS
-from schemas.telemetry import NicSample, NicSampleBatch
-from schemas.topics import TOPICS, topic_for
-from schemas.workload import ProcessExit, TrainingStep
 from tests.schemas.strategies import CHARS, HOSTILE_VALUES, dataclass_strategy, hostile_document
+from trainguard.schemas.base import EVENT_TYPES, Event
+from trainguard.schemas.codec import MAX_DEPTH, MAX_RECORD_BYTES, DecodeError, decode, encode, to_dict
+from trainguard.schemas.control import Decision, Targets, decision_id
+from trainguard.schemas.enums import Action
+from trainguard.schemas.limits import MAX_TS_MS
+from trainguard.schemas.telemetry import NicSample, NicSampleBatch
+from trainguard.schemas.topics import TOPICS, topic_for
+from trainguard.schemas.workload import ProcessExit, TrainingStep
 
 EVENTS = sorted(EVENT_TYPES.values(), key=lambda c: c.TYPE)
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]

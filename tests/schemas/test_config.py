@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import Settings, component_config, load_settings
-from schemas.config import ConfigError
+from trainguard.infra.config import Settings, component_config, load_settings
+from trainguard.schemas.config import ConfigError
 
 
 def test_defaults_point_at_the_embedded_stack() -> None:

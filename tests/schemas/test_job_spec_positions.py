@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.clickhouse.rows import MAPS
-from schemas.codec import DecodeError, decode, encode
-from schemas.control import JobSpec
-from schemas.network import MachinePosition
-from schemas.topology import JobTopology
+from trainguard.infra.clickhouse.rows import MAPS
+from trainguard.schemas.codec import DecodeError, decode, encode
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.network import MachinePosition
+from trainguard.schemas.topology import JobTopology
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "fixtures" / "incidents"
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.topology import JobTopology
+from trainguard.schemas.topology import JobTopology
 
 
 def test_megatron_default_order_formula() -> None:

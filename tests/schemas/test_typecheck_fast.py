@@ -1,4 +1,4 @@
-"""The compiled fast checker (``schemas.typecheck._fast``) next to the general path it shortcuts.
+"""The compiled fast checker (``trainguard.schemas.typecheck._fast``) next to the general path it shortcuts.
 
 For every event type, valid events and hostile documents are decoded twice: as the codec does
 (fast checker first) and with the fast checker switched off (every value through ``convert``).
@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import schemas.typecheck as tc
-from schemas.base import EVENT_TYPES, Event
-from schemas.codec import DecodeError, _parse, encode, from_dict
-from schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
+import trainguard.schemas.typecheck as tc
 from tests.schemas.strategies import dataclass_strategy, hostile_document
+from trainguard.schemas.base import EVENT_TYPES, Event
+from trainguard.schemas.codec import DecodeError, _parse, encode, from_dict
+from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
 
 EVENTS = sorted(EVENT_TYPES.values(), key=lambda c: c.TYPE)
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]

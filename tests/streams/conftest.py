@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import Settings
 from tests.net import free_port
 from tests.streams.harness import WorkerProcess, unique
+from trainguard.infra.config import Settings
 
 #: Short thresholds so a stall is a hang after 4 s instead of 10 minutes.
 FAST_ENV = {

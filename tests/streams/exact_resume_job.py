@@ -15,7 +15,7 @@ import random
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from streams.data_position import DataPosition, ResumableSampler, SeededSamples
+from trainguard.streams.data_position import DataPosition, ResumableSampler, SeededSamples
 
 DATASET_LEN = 22  # 6 batches of 4 per epoch, the last one of 2
 BATCH = 4

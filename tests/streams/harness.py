@@ -20,13 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.bus import EventProducer, signer_for
-from infra.config import Settings
-from schemas.base import Event
-from schemas.codec import DecodeError, decode
-from schemas.control import Decision
-from schemas.topics import Topic
 from tests.waiting import wait_until
+from trainguard.infra.bus import EventProducer, signer_for
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import DecodeError, decode
+from trainguard.schemas.control import Decision
+from trainguard.schemas.topics import Topic
 
 
 class WorkerProcess:
@@ -91,9 +91,9 @@ class WorkerProcess:
 
     def _wait_until_consuming(self, settings: Settings, timeout_s: float) -> None:
         """Probe with an Xid line until its decision comes back: the group has joined and consumes."""
-        from schemas.base import now_ms
-        from schemas.topics import DECISIONS
-        from schemas.workload import LogLine
+        from trainguard.schemas.base import now_ms
+        from trainguard.schemas.topics import DECISIONS
+        from trainguard.schemas.workload import LogLine
 
         watcher = Watcher(settings, DECISIONS)
         line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from infra.bus import dead_letter_for, decode_record
-from infra.config import load_settings
-from schemas.base import Event, now_ms
-from schemas.codec import decode, encode
-from schemas.control import Command, CommandKind, DeadLetter, Detection
-from schemas.topics import CONTROL, DEAD_LETTERS, DETECTIONS
-from streams.agents import control
-from streams.config import WorkerConfig
-from streams.context import WorkerContext
+from trainguard.infra.bus import dead_letter_for, decode_record
+from trainguard.infra.config import load_settings
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import decode, encode
+from trainguard.schemas.control import Command, CommandKind, DeadLetter, Detection
+from trainguard.schemas.topics import CONTROL, DEAD_LETTERS, DETECTIONS
+from trainguard.streams.agents import control
+from trainguard.streams.config import WorkerConfig
+from trainguard.streams.context import WorkerContext
 
 
 class FakeTopic:
@@ -103,7 +103,7 @@ def test_an_agent_dead_letters_a_record_its_handling_fails_on_and_handles_the_ne
         for i in range(3):
             await ctx.guard(event(encode(detection(i)), 10 + i), "decide", body)
 
-    with caplog.at_level(logging.ERROR, logger="streams.context"):
+    with caplog.at_level(logging.ERROR, logger="trainguard.streams.context"):
         asyncio.run(run())
     assert handled == ["d0", "d2"]
     (dl,) = app.dead_letters()
@@ -226,7 +226,7 @@ def test_garbage_on_a_followed_topic_is_logged_with_its_coordinates(
             message(set_threshold("decide.dedup_window_s", 5.0), 10, CONTROL.name), handle, "control"
         )
 
-    with caplog.at_level(logging.ERROR, logger="streams.context"):
+    with caplog.at_level(logging.ERROR, logger="trainguard.streams.context"):
         asyncio.run(run())
     assert ctx.cfg.decide.dedup_window_s == 5.0
     assert any(f"{CONTROL.name}[2]@9" in r.getMessage() for r in caplog.records)

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from infra.config import Settings
-from schemas.base import now_ms
-from schemas.codec import encode
-from schemas.control import Command, CommandKind, DeadLetter, Decision
-from schemas.topics import CONTROL, DEAD_LETTERS, DECISIONS
-from schemas.workload import LogLine
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import encode
+from trainguard.schemas.control import Command, CommandKind, DeadLetter, Decision
+from trainguard.schemas.topics import CONTROL, DEAD_LETTERS, DECISIONS
+from trainguard.schemas.workload import LogLine
 
 pytestmark = pytest.mark.slow
 XID = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."

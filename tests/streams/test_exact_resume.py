@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from streams.data_position import DataPosition, ResumableSampler, SeededSamples
+from trainguard.streams.data_position import DataPosition, ResumableSampler, SeededSamples
 
 pytest.importorskip("torch")
 

@@ -20,17 +20,22 @@ from pathlib import Path
 
 import pytest
 
-from detectors.flight_recorder import analyze_dumps, event_to_dump, parse_dump
-from schemas.base import Event
-from schemas.control import Command, CommandKind
-from schemas.enums import ProcessRole
-from schemas.topology import JobTopology
-from schemas.workload import FlightRecorderDump
-from streams.exporter.config import FlightRecorderConfig, load_exporter_config
-from streams.exporter.flight_recorder import NOT_ENABLED, STALE_S, FlightRecorderCollector, read_registrations
-from streams.exporter.sources.process import TrackedProcess
 from tests.net import free_port
 from tests.waiting import wait_until
+from trainguard.detectors.flight_recorder import analyze_dumps, event_to_dump, parse_dump
+from trainguard.schemas.base import Event
+from trainguard.schemas.control import Command, CommandKind
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import FlightRecorderDump
+from trainguard.streams.exporter.config import FlightRecorderConfig, load_exporter_config
+from trainguard.streams.exporter.flight_recorder import (
+    NOT_ENABLED,
+    STALE_S,
+    FlightRecorderCollector,
+    read_registrations,
+)
+from trainguard.streams.exporter.sources.process import TrackedProcess
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "flight_recorder"
@@ -289,7 +294,7 @@ def test_config_section_and_directory(tmp_path: Path) -> None:
         2.0,
         100,
     )
-    from schemas.config import ConfigError
+    from trainguard.schemas.config import ConfigError
 
     with pytest.raises(ConfigError, match="wait"):
         load_exporter_config({"flight_recorder": {"wait": 2}}, environ={})
@@ -298,8 +303,8 @@ def test_config_section_and_directory(tmp_path: Path) -> None:
 
 
 def test_service_asks_the_flight_recorder_first_on_a_first_round(tmp_path: Path) -> None:
-    from infra.config import KafkaConfig
-    from streams.exporter.service import ExporterService
+    from trainguard.infra.config import KafkaConfig
+    from trainguard.streams.exporter.service import ExporterService
 
     cfg = load_exporter_config(
         {

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings
-from infra.stack.clickhouse import ClickHouseServer
-from schemas.base import now_ms
-from schemas.control import Decision, Detection, JobSpec
-from schemas.enums import Action
-from schemas.topics import DECISIONS, JOBS
-from schemas.topology import JobTopology
-from schemas.workload import LogLine, TrainingStep
 from tests.net import free_ports
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.clickhouse import ClickHouseServer
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import Decision, Detection, JobSpec
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import DECISIONS, JOBS
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import LogLine, TrainingStep
 
 pytestmark = pytest.mark.slow
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."

@@ -1,4 +1,4 @@
-"""A worker's per-job metrics (streams.metrics.JobCollector): read at every scrape from the job
+"""A worker's per-job metrics (trainguard.streams.metrics.JobCollector): read at every scrape from the job
 monitors the training agent feeds -- the newest step's time, and whether a recovery works on the
 job -- for the "job not training" alert.  Finished jobs are left out."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from detectors.routing import TRAINING, DetectionPath
-from schemas.base import now_ms
-from schemas.control import ActionEvent, ActionPhase
-from schemas.workload import ProcessExit, TrainingStep
-from streams.config import WorkerConfig
-from streams.metrics import JobCollector, WorkerMetrics
+from trainguard.detectors.routing import TRAINING, DetectionPath
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import ActionEvent, ActionPhase
+from trainguard.schemas.workload import ProcessExit, TrainingStep
+from trainguard.streams.config import WorkerConfig
+from trainguard.streams.metrics import JobCollector, WorkerMetrics
 
 
 def registry_for(path: DetectionPath) -> CollectorRegistry:

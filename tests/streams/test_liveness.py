@@ -1,6 +1,6 @@
 """The worker's progress-based liveness (/healthz) for the agents and for the sink: pure logic.
 
-:class:`~streams.metrics.WorkerMetrics` and :class:`~streams.metrics.SinkMetrics` decide from
+:class:`~trainguard.streams.metrics.WorkerMetrics` and :class:`~trainguard.streams.metrics.SinkMetrics` decide from
 plain values -- the lags, counts and errors the Faust consumer and the sink report to them -- so
 they are fed those values directly; nothing stands in for Kafka or ClickHouse (a ``StoreError`` is
 only the error value the sink hands over), and only the clock is patched.  The real worker's
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-import streams.metrics as metrics_module
-from infra.clickhouse.store import StoreError
-from streams.metrics import SINK, SinkMetrics, WorkerMetrics
+import trainguard.streams.metrics as metrics_module
+from trainguard.infra.clickhouse.store import StoreError
+from trainguard.streams.metrics import SINK, SinkMetrics, WorkerMetrics
 
 STALL_S = 60.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from streams.loop_watch import LoopWatch
+from trainguard.streams.loop_watch import LoopWatch
 
 
 def a_synchronous_call_that_takes_long(seconds: float) -> None:

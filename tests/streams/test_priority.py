@@ -1,4 +1,4 @@
-"""The urgent-first consumer (streams.priority): urgent partitions' buffered records are handed
+"""The urgent-first consumer (trainguard.streams.priority): urgent partitions' buffered records are handed
 over before bulk telemetry, without waiting on them, and a worker's app installs it for its own
 topic namespace.  What it buys under load is measured by bench/stream_load.py (Xid -> decision)."""
 
@@ -13,11 +13,11 @@ import pytest
 from aiokafka.consumer.fetcher import Fetcher
 from faust.types import TP
 
-from infra.config import Settings
-from schemas.topics import DECISIONS, GPU, HOST, LOGS, NIC, STEPS
-from streams.app import build_app
-from streams.config import WorkerConfig
-from streams.priority import BULK_TOPICS, PREFETCH_BACKOFF_S, UrgentFirstConsumer, tune_fetcher
+from trainguard.infra.config import Settings
+from trainguard.schemas.topics import DECISIONS, GPU, HOST, LOGS, NIC, STEPS
+from trainguard.streams.app import build_app
+from trainguard.streams.config import WorkerConfig
+from trainguard.streams.priority import BULK_TOPICS, PREFETCH_BACKOFF_S, UrgentFirstConsumer, tune_fetcher
 
 
 class FakeFetcher:
@@ -122,7 +122,7 @@ def test_the_fetcher_of_the_running_consumer_gets_the_short_prefetch_backoff_onc
 
 
 def test_a_fetcher_without_the_attribute_is_a_warning_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="streams.priority"):
+    with caplog.at_level(logging.WARNING, logger="trainguard.streams.priority"):
         tune_fetcher(object())
     assert "_prefetch_backoff" in caplog.text
 

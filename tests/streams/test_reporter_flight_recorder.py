@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from streams import reporter as reporter_module
-from streams.reporter import FR_POLL_S, Reporter, merge_dumps
 from tests.waiting import wait_until
+from trainguard.streams import reporter as reporter_module
+from trainguard.streams.reporter import FR_POLL_S, Reporter, merge_dumps
 
 TORCH_VARS = (
     "TORCH_FR_BUFFER_SIZE",

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from schemas.config import ConfigError, load_config
-from streams.data_position import DataPosition, ResumableSampler, SeededSamples
-from streams.shadow_loader import LINE_PREFIX, LoaderEvent, ShadowLoader, ShadowLoaderConfig
+from trainguard.schemas.config import ConfigError, load_config
+from trainguard.streams.data_position import DataPosition, ResumableSampler, SeededSamples
+from trainguard.streams.shadow_loader import LINE_PREFIX, LoaderEvent, ShadowLoader, ShadowLoaderConfig
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
@@ -269,7 +269,7 @@ def test_config_rejects_unknown_keys() -> None:
 
 
 def test_event_lines_are_the_rule_tables() -> None:
-    from detectors.rule_table import default_rule_table
+    from trainguard.detectors.rule_table import default_rule_table
 
     table = default_rule_table()
     takeover = LoaderEvent("takeover", "stalled", stalled_s=1.02, threshold_s=1.0, takeover_s=0.04,

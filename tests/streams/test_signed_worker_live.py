@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from infra.bus import EventProducer
-from infra.config import Settings
-from infra.signing import AuthError, SigningConfig, Verifier, init_keys
-from schemas.base import now_ms
-from schemas.codec import decode
-from schemas.control import Command, CommandKind, DeadLetter, Decision
-from schemas.topics import CONTROL, DEAD_LETTERS, DECISIONS
-from schemas.workload import LogLine
 from tests.net import free_port
 from tests.streams.conftest import FAST_ENV
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
+from trainguard.infra.bus import EventProducer
+from trainguard.infra.config import Settings
+from trainguard.infra.signing import AuthError, SigningConfig, Verifier, init_keys
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import decode
+from trainguard.schemas.control import Command, CommandKind, DeadLetter, Decision
+from trainguard.schemas.topics import CONTROL, DEAD_LETTERS, DECISIONS
+from trainguard.schemas.workload import LogLine
 
 pytestmark = pytest.mark.slow
 XID = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."

@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings
-from schemas.base import now_ms
-from schemas.control import Decision
-from schemas.enums import Action
-from schemas.topics import DECISIONS, TOPICS
-from schemas.workload import LogLine
 from tests.net import free_port
 from tests.streams.conftest import FAST_ENV
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import Decision
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import DECISIONS, TOPICS
+from trainguard.schemas.workload import LogLine
 
 XID = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
 PROCESS_ENV = {**FAST_ENV, "TRAINGUARD__WORKER__SINK_PROCESS": "true"}

@@ -9,17 +9,17 @@ import zlib
 
 import pytest
 
-import streams.state
-from detectors.keyed_state import PathState
-from detectors.replay import ReplayConfig
-from detectors.routing import TRAINING, DetectionPath
-from detectors.state import StateError
-from schemas.workload import TrainingStep
-from streams.state import MAX_RECORD_BYTES, pack_record, unpack_record
+import trainguard.streams.state
+from trainguard.detectors.keyed_state import PathState
+from trainguard.detectors.replay import ReplayConfig
+from trainguard.detectors.routing import TRAINING, DetectionPath
+from trainguard.detectors.state import StateError
+from trainguard.schemas.workload import TrainingStep
+from trainguard.streams.state import MAX_RECORD_BYTES, pack_record, unpack_record
 
 
 def test_docstring_examples() -> None:
-    assert doctest.testmod(streams.state).failed == 0
+    assert doctest.testmod(trainguard.streams.state).failed == 0
 
 
 def test_a_19200_rank_monitor_fits_in_one_record_once_compressed() -> None:

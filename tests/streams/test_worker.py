@@ -8,17 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from detectors.flight_recorder import dump_to_event, load_dump_dir
-from detectors.stacks import DumpName, DumpParser
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import Settings
-from schemas.base import Event, now_ms
-from schemas.control import Command, CommandKind, Decision, Detection, JobSpec
-from schemas.enums import Action, ProcessRole
-from schemas.telemetry import NicSample, NicSampleBatch
-from schemas.topics import COMMANDS, DECISIONS, DETECTIONS, JOBS, TOPICS
-from schemas.topology import JobTopology
-from schemas.workload import (
+from tests.streams.harness import Watcher, WorkerProcess, send, unique
+from tests.waiting import wait_until
+from trainguard.detectors.flight_recorder import dump_to_event, load_dump_dir
+from trainguard.detectors.stacks import DumpName, DumpParser
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.control import Command, CommandKind, Decision, Detection, JobSpec
+from trainguard.schemas.enums import Action, ProcessRole
+from trainguard.schemas.telemetry import NicSample, NicSampleBatch
+from trainguard.schemas.topics import COMMANDS, DECISIONS, DETECTIONS, JOBS, TOPICS
+from trainguard.schemas.topology import JobTopology
+from trainguard.schemas.workload import (
     FlightRecorderDump,
     Frame,
     LogLine,
@@ -27,8 +29,6 @@ from schemas.workload import (
     ThreadStack,
     TrainingStep,
 )
-from tests.streams.harness import Watcher, WorkerProcess, send, unique
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
@@ -330,7 +330,7 @@ def test_garbage_on_every_input_topic_is_dead_lettered(
 def test_thresholds_change_at_runtime_through_the_control_topic(
     stack_settings: Settings, worker: WorkerProcess
 ) -> None:
-    from schemas.topics import CONTROL
+    from trainguard.schemas.topics import CONTROL
 
     job = unique("ctl")
     w = Watcher(stack_settings, DECISIONS)

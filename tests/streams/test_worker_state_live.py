@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import Settings
-from schemas.base import now_ms
-from schemas.control import Decision
-from schemas.enums import Action
-from schemas.topics import DECISIONS
-from schemas.workload import LogLine, TrainingStep
 from tests.net import free_ports
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
+from trainguard.infra.config import Settings
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.control import Decision
+from trainguard.schemas.enums import Action
+from trainguard.schemas.topics import DECISIONS
+from trainguard.schemas.workload import LogLine, TrainingStep
 
 pytestmark = pytest.mark.slow
 LINK_DOWN = "[ 5521.118340] mlx5_core 0000:5e:00.0 ib0: Link down"

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from infra.signing import (
+from trainguard import launch_env
+from trainguard.commands import launch as launch_command
+from trainguard.commands.launch import launch
+from trainguard.infra.signing import (
     COMMANDS,
     CONTROL,
     DECISIONS,
@@ -20,13 +23,10 @@ from infra.signing import (
     Verifier,
     init_keys,
 )
-from schemas.codec import decode, encode
-from schemas.control import JobSpec
-from streams.reporter import DEFAULT_SOCKET
-from trainguard import launch_env
-from trainguard.commands import launch as launch_command
-from trainguard.commands.launch import launch
 from trainguard.launch_env import LaunchConfig, LaunchError, derived_port, parse_tasks_per_node, plan_launch
+from trainguard.schemas.codec import decode, encode
+from trainguard.schemas.control import JobSpec
+from trainguard.streams.reporter import DEFAULT_SOCKET
 
 NOW = 1_700_000_000_000
 

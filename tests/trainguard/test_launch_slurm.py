@@ -27,22 +27,22 @@ from typing import Any
 
 import pytest
 
-from actions.executors.base import ExecutorEnv
-from actions.executors.slurm import SlurmExecutor, SlurmExecutorConfig, parse_record
-from infra.bus import verifier_for
-from infra.config import Settings
-from infra.stack.slurm import Slurm
-from schemas.base import now_ms
-from schemas.codec import decode
-from schemas.control import JobSpec
-from schemas.telemetry import Heartbeat, HostSample
-from schemas.topics import HEARTBEATS, HOST, JOBS
-from schemas.topology import JobTopology
 from tests.actions.slurm_fixture import NODES, TRAIN_PY, ctx
 from tests.actions.slurm_fixture import slurm_cluster as slurm_cluster  # the fixture
 from tests.exporter.kafka_helpers import TopicReader
 from tests.waiting import wait_until
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.slurm import SlurmExecutor, SlurmExecutorConfig, parse_record
+from trainguard.infra.bus import verifier_for
+from trainguard.infra.config import Settings
+from trainguard.infra.stack.slurm import Slurm
 from trainguard.launch_env import derived_port
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import decode
+from trainguard.schemas.control import JobSpec
+from trainguard.schemas.telemetry import Heartbeat, HostSample
+from trainguard.schemas.topics import HEARTBEATS, HOST, JOBS
+from trainguard.schemas.topology import JobTopology
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

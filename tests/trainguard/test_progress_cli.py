@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from infra.config import Settings
-from infra.progress import ENV, INTERVAL_ENV
-from infra.replay import read_recording
-from schemas.topics import STEPS
 from tests.infra.test_replay_shadow import _steps_recording
 from tests.streams.harness import unique
 from trainguard.cli import main
+from trainguard.infra.config import Settings
+from trainguard.infra.progress import ENV, INTERVAL_ENV
+from trainguard.infra.replay import read_recording
+from trainguard.schemas.topics import STEPS
 
 pytestmark = pytest.mark.slow
 

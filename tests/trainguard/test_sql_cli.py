@@ -10,12 +10,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.config import load_settings
 from tests.infra.test_named_queries import _incident
 from trainguard.commands.postmortem import postmortem
 from trainguard.commands.report import report
 from trainguard.commands.sql import sql
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import load_settings
 
 
 def _obj(store: ClickHouseStore) -> dict[str, object]:

@@ -20,19 +20,19 @@ from typing import Any
 
 import click
 
-from schemas.base import now_ms
 from trainguard.context import friendly_errors, settings
+from trainguard.schemas.base import now_ms
 
 
 def _config(ctx: click.Context) -> Any:
-    from actions.config import ActionsConfig
-    from infra.config import component_config
+    from trainguard.actions.config import ActionsConfig
+    from trainguard.infra.config import component_config
 
     return component_config(settings(ctx), "actions", ActionsConfig)
 
 
 def _store(ctx: click.Context) -> Any:
-    from actions.service import open_store
+    from trainguard.actions.service import open_store
 
     return open_store(settings(ctx), _config(ctx))
 
@@ -48,7 +48,7 @@ def _elector(cfg: Any) -> Any:
         )
     from kubernetes import client, config
 
-    from infra.k8s.lease import LeaseElector
+    from trainguard.infra.k8s.lease import LeaseElector
 
     if cfg.leader_kubeconfig:
         api = config.new_client_from_config(config_file=cfg.leader_kubeconfig)
@@ -63,7 +63,7 @@ def _elector(cfg: Any) -> Any:
 
 
 def _run(ctx: click.Context) -> None:
-    from actions.service import ActionService
+    from trainguard.actions.service import ActionService
 
     cfg = _config(ctx)
     stop, lost = threading.Event(), threading.Event()
@@ -125,7 +125,7 @@ def _when(ms: int | None) -> str:
 @friendly_errors
 def status_cmd(ctx: click.Context, job: str | None, limit: int, as_json: bool) -> None:
     """Recent recoveries: state, path taken, steps; held ones say why."""
-    from actions.service import status
+    from trainguard.actions.service import status
 
     store = _store(ctx)
     try:
@@ -172,7 +172,7 @@ def release(ctx: click.Context, decision_id: str) -> None:
 @friendly_errors
 def cancel(ctx: click.Context, decision_id: str) -> None:
     """Drop a held recovery (the job's next decisions can then run)."""
-    from actions.state import InvalidStateTransition, RecoveryState
+    from trainguard.actions.state import InvalidStateTransition, RecoveryState
 
     store = _store(ctx)
     try:
@@ -225,9 +225,9 @@ def resume(ctx: click.Context) -> None:
 @friendly_errors
 def code_update(ctx: click.Context, job: str, version: str, urgent: bool, previous: str, reason: str) -> None:
     """Request a code change for a job (prints the decision id)."""
-    from actions.plans import CodeUpdate
-    from infra.bus import EventProducer, signer_for
-    from schemas.topics import DECISIONS
+    from trainguard.actions.plans import CodeUpdate
+    from trainguard.infra.bus import EventProducer, signer_for
+    from trainguard.schemas.topics import DECISIONS
 
     decision = CodeUpdate(version, urgent=urgent, previous=previous).decision(
         job, uuid.uuid4().hex, now_ms(), reason

@@ -13,8 +13,8 @@ from typing import IO
 
 import click
 
-from detectors.log_classifier import Classification, LogClassifier
-from detectors.rule_table import RuleTableError, load_rule_table
+from trainguard.detectors.log_classifier import Classification, LogClassifier
+from trainguard.detectors.rule_table import RuleTableError, load_rule_table
 
 _ACTION_COLOURS = {"evict": "red", "rollback": "magenta", "diagnose": "yellow", "restart": "cyan"}
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import click
 
-from infra.bus import EventProducer
-from schemas.base import now_ms
-from schemas.codec import to_dict
-from schemas.config import deep_merge, load_yaml_file
-from schemas.control import Command, CommandKind
-from schemas.topics import COMMANDS as COMMAND_TOPIC
 from trainguard.context import friendly_errors, settings
+from trainguard.infra.bus import EventProducer
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.codec import to_dict
+from trainguard.schemas.config import deep_merge, load_yaml_file
+from trainguard.schemas.control import Command, CommandKind
+from trainguard.schemas.topics import COMMANDS as COMMAND_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def run_exporter(
     ctx: click.Context, exporter_config: str | None, flags: dict[str, Any], nvml: Any = None
 ) -> None:
     """Run the exporter as the options in ``flags`` say (``nvml``: a GPU backend other than NVML)."""
-    from streams.exporter.config import load_exporter_config
+    from trainguard.streams.exporter.config import load_exporter_config
 
     once, print_ = flags.pop("once"), flags.pop("print_")
     if print_ and not once:
@@ -129,7 +129,7 @@ def run_exporter(
     file_data = load_yaml_file(exporter_config) if exporter_config else {}
     cfg = load_exporter_config(deep_merge(file_data, _overrides(**flags)))
     if print_:
-        from streams.exporter.runner import Exporter
+        from trainguard.streams.exporter.runner import Exporter
 
         out = sys.stdout
         runner = Exporter(cfg, lambda ev: None, nvml=nvml, once=True)
@@ -137,8 +137,8 @@ def run_exporter(
             out.write(json.dumps(to_dict(event), separators=(",", ":")) + "\n")
         runner.stop()
         return
-    from infra.bus import verifier_for
-    from streams.exporter.service import ExporterService
+    from trainguard.infra.bus import verifier_for
+    from trainguard.streams.exporter.service import ExporterService
 
     s = settings(ctx)
     service = ExporterService(cfg, s.kafka, nvml=nvml, verifier=verifier_for(s))

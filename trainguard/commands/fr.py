@@ -15,15 +15,15 @@ from pathlib import Path
 
 import click
 
-from detectors.flight_recorder import (
+from trainguard.commands.topology_options import JobShape, topology_options
+from trainguard.detectors.flight_recorder import (
     FlightRecorderConfig,
     FlightRecorderError,
     FlightRecorderResult,
     analyze_dumps,
     load_dump_dir,
 )
-from schemas.config import ConfigError, load_config, load_yaml_file
-from trainguard.commands.topology_options import JobShape, topology_options
+from trainguard.schemas.config import ConfigError, load_config, load_yaml_file
 
 ENV_PREFIX = "TRAINGUARD_FR"
 

@@ -1,4 +1,5 @@
-"""``trainguard keys``: the Ed25519 keys that sign control-plane records (see :mod:`infra.signing`).
+"""``trainguard keys``: the Ed25519 keys that sign control-plane records
+(see :mod:`trainguard.infra.signing`).
 
 * ``trainguard keys init [--principal NAME ...] [--force]`` -- create the missing private keys under
   ``<stack home>/keys`` (``--force``: replace them; the old public keys stay trusted until revoked);
@@ -17,7 +18,8 @@ from typing import Any, TypeVar
 
 import click
 
-from infra.signing import (
+from trainguard.context import friendly_errors, settings
+from trainguard.infra.signing import (
     PRINCIPALS,
     ROLE_TOPICS,
     AuthError,
@@ -31,8 +33,7 @@ from infra.signing import (
     remove_trusted,
     trusted_path,
 )
-from schemas.config import ConfigError
-from trainguard.context import friendly_errors, settings
+from trainguard.schemas.config import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

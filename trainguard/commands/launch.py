@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.backoff import Backoff
-from schemas.base import now_ms
-from schemas.config import ConfigError, load_config
 from trainguard.context import settings
+from trainguard.infra.backoff import Backoff
+from trainguard.schemas.base import now_ms
+from trainguard.schemas.config import ConfigError, load_config
 
 if TYPE_CHECKING:
     from trainguard.launch_env import LaunchPlan
@@ -75,9 +75,9 @@ class SpecOutcome:
 
 def publish_spec(plan: LaunchPlan, ctx: click.Context, timeout_s: float) -> SpecOutcome:
     """Publish ``plan``'s JobSpec, retrying Kafka errors until ``timeout_s``; never raises."""
-    from infra.bus import EventProducer, signer_for
-    from infra.signing import AuthError
-    from schemas.topics import JOBS
+    from trainguard.infra.bus import EventProducer, signer_for
+    from trainguard.infra.signing import AuthError
+    from trainguard.schemas.topics import JOBS
 
     out = SpecOutcome()
     deadline = time.monotonic() + timeout_s

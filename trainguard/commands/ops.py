@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.progress import Progress, quiet
-from infra.replay import SHADOW, read_recording
-from infra.replay import record as record_topics
-from infra.replay import replay as replay_file
-from schemas.config import ConfigError
-from schemas.control import Decision
-from schemas.topics import BY_NAME, PREFIX, TOPICS, namespaced
 from trainguard.context import friendly_errors, progress, settings
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.progress import Progress, quiet
+from trainguard.infra.replay import SHADOW, read_recording
+from trainguard.infra.replay import record as record_topics
+from trainguard.infra.replay import replay as replay_file
+from trainguard.schemas.config import ConfigError
+from trainguard.schemas.control import Decision
+from trainguard.schemas.topics import BY_NAME, PREFIX, TOPICS, namespaced
 
 if TYPE_CHECKING:  # the detection path is imported only by --compare
-    from detectors.replay import ReplayConfig
+    from trainguard.detectors.replay import ReplayConfig
 
 
 @click.command()
@@ -158,7 +158,7 @@ def _workers(d: Decision) -> bool:
 def _expected_rows(path: Path) -> list[DecisionRow]:
     """The worker decisions of a recording (its decisions records) or of ``trainguard decisions
     --json`` lines."""
-    from detectors.replay import decode_records
+    from trainguard.detectors.replay import decode_records
 
     rows: list[DecisionRow] = []
     with open(path, encoding="utf-8") as fh:
@@ -194,10 +194,10 @@ def _expected_rows(path: Path) -> list[DecisionRow]:
 def _replay_config(ctx: click.Context, config_path: str | None) -> ReplayConfig:
     """The detector settings to evaluate: ``config_path`` (a config file's ``worker`` section, or a
     bare worker section), else the worker settings of trainguard's own config."""
-    from detectors.replay import ReplayConfig
-    from infra.config import COMPONENT_SECTIONS, component_config
-    from schemas.config import load_yaml_file
-    from streams.config import WorkerConfig
+    from trainguard.detectors.replay import ReplayConfig
+    from trainguard.infra.config import COMPONENT_SECTIONS, component_config
+    from trainguard.schemas.config import load_yaml_file
+    from trainguard.streams.config import WorkerConfig
 
     if config_path is None:
         cfg = component_config(settings(ctx), "worker", WorkerConfig)
@@ -228,7 +228,7 @@ def compare_decisions(
     decisions made before ``recording`` starts (de-duplication and capture cooldown state).
     ``progress``: the records read, then the replay's phase (the detection path has no count).
     """
-    from detectors.replay import decode_records, replay_events
+    from trainguard.detectors.replay import decode_records, replay_events
 
     bar = progress or quiet()
     bar.phase(f"reading {recording.name}", unit="records")
@@ -399,12 +399,12 @@ def set_threshold(ctx: click.Context, path: str, value: str, app_id: str, namesp
 
     import yaml
 
-    from infra.bus import EventProducer, signer_for
-    from schemas.base import now_ms
-    from schemas.control import Command, CommandKind
-    from schemas.topics import CONTROL
-    from streams.agents.control import apply_change
-    from streams.config import WorkerConfig
+    from trainguard.infra.bus import EventProducer, signer_for
+    from trainguard.schemas.base import now_ms
+    from trainguard.schemas.control import Command, CommandKind
+    from trainguard.schemas.topics import CONTROL
+    from trainguard.streams.agents.control import apply_change
+    from trainguard.streams.config import WorkerConfig
 
     parsed = yaml.safe_load(value)
     apply_change(WorkerConfig(), path, parsed)  # reject a bad path or value here, before publishing

@@ -6,9 +6,9 @@ import json
 
 import click
 
-from infra.clickhouse.postmortem import ettr, incidents
-from infra.clickhouse.store import ClickHouseStore
 from trainguard.context import friendly_errors, settings
+from trainguard.infra.clickhouse.postmortem import ettr, incidents
+from trainguard.infra.clickhouse.store import ClickHouseStore
 
 
 @click.command()

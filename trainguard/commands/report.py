@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.report import data as report_data
-from infra.report.render import render
 from trainguard.commands.sql import since_ms
 from trainguard.context import friendly_errors, settings
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.report import data as report_data
+from trainguard.infra.report.render import render
 
 
 def write_report(store: ClickHouseStore, job: str, out: Path, *, since: int = 0, baseline: str | None = None,

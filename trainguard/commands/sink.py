@@ -1,10 +1,10 @@
 """``trainguard sink``: the ClickHouse sink of the stream workers as a process of its own.
 
-A worker runs the sink (:class:`infra.sink.Sink`) in a thread by default, where its kafka-python
+A worker runs the sink (:class:`trainguard.infra.sink.Sink`) in a thread by default, where its kafka-python
 consumer, its decoding and its row building share the worker's core and GIL with the detection
 agents (about a quarter of the worker's CPU at 1,200 machines).  With ``worker.sink_process: true``
 the workers run none, and this command runs it instead, in the same consumer group
-(``<app_id>-sink``, :func:`streams.config.sink_config`): several of them share the partitions, and
+(``<app_id>-sink``, :func:`trainguard.streams.config.sink_config`): several of them share the partitions, and
 switching between the two keeps the committed offsets.  Same config file and variables as the
 worker (the ``worker`` section).  ``/metrics`` and ``/healthz`` as the worker's, for the sink.
 """
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.config import component_config
-from streams.config import WorkerConfig, sink_config
 from trainguard.context import friendly_errors, settings
+from trainguard.infra.config import component_config
+from trainguard.streams.config import WorkerConfig, sink_config
 
 if TYPE_CHECKING:
-    from streams.metrics import WorkerMetrics
+    from trainguard.streams.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ def sink(ctx: click.Context, web_port: int, app_id: str | None) -> None:
     Stores every registry topic in ClickHouse and dead-letters the garbage on them, as the worker's
     sink thread does; runs until SIGINT/SIGTERM, then stores what it holds and stops.
     """
-    from infra.sink import SinkThread
-    from streams.metrics import SinkMetrics, WorkerMetrics
+    from trainguard.infra.sink import SinkThread
+    from trainguard.streams.metrics import SinkMetrics, WorkerMetrics
 
     s = settings(ctx)
     cfg = component_config(s, "worker", WorkerConfig)

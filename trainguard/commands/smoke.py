@@ -1,7 +1,7 @@
 """``trainguard smoke``: events through Kafka into ClickHouse, then a postmortem-style query.
 
 Proves the stack end to end: produce GPU samples, step telemetry, an Xid kernel-log line and one
-garbage record with kafka-python; run the sink (``infra.sink.Sink``, the loop every stream worker
+garbage record with kafka-python; run the sink (``trainguard.infra.sink.Sink``, the loop every stream worker
 runs, here in its own consumer group) until every row is stored; print what ClickHouse says about
 the run.  The garbage record must come back as a dead letter.
 """
@@ -15,14 +15,14 @@ import uuid
 
 import click
 
-from infra.bus import EventProducer
-from infra.clickhouse.store import ClickHouseStore
-from infra.sink import Sink
-from schemas.base import Event, now_ms
-from schemas.telemetry import GpuSample, GpuSampleBatch
-from schemas.topics import LOGS
-from schemas.workload import LogLine, TrainingStep
 from trainguard.context import friendly_errors, settings
+from trainguard.infra.bus import EventProducer
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.sink import Sink
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch
+from trainguard.schemas.topics import LOGS
+from trainguard.schemas.workload import LogLine, TrainingStep
 
 GPUS_PER_NODE = 8
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import click
 
-from infra.clickhouse import named
-from infra.clickhouse.named import QueryError
-from infra.clickhouse.store import ClickHouseStore
 from trainguard.context import friendly_errors, settings
+from trainguard.infra.clickhouse import named
+from trainguard.infra.clickhouse.named import QueryError
+from trainguard.infra.clickhouse.store import ClickHouseStore
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -6,9 +6,9 @@ import json
 
 import click
 
-from infra.clickhouse.store import ClickHouseStore
-from infra.stack.manager import Stack
 from trainguard.context import friendly_errors, progress, settings
+from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.stack.manager import Stack
 
 
 @click.group()

@@ -12,11 +12,16 @@ from pathlib import Path
 
 import click
 
-from detectors.stacks import OverEvictionClassifier, OverEvictionConfig, StackParseError, load_dump_dir
-from detectors.stacks.classifier import MODES
-from detectors.stacks.result import OverEvictionResult
-from schemas.config import ConfigError, load_config, load_yaml_file
 from trainguard.commands.topology_options import JobShape, topology_options
+from trainguard.detectors.stacks import (
+    OverEvictionClassifier,
+    OverEvictionConfig,
+    StackParseError,
+    load_dump_dir,
+)
+from trainguard.detectors.stacks.classifier import MODES
+from trainguard.detectors.stacks.result import OverEvictionResult
+from trainguard.schemas.config import ConfigError, load_config, load_yaml_file
 
 ENV_PREFIX = "TRAINGUARD_STACKS"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from schemas.topology import JobTopology
+from trainguard.schemas.topology import JobTopology
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from typing import Any
 
 import click
 
-from infra.config import component_config
-from streams.config import WorkerConfig
 from trainguard.commands.sink import COMMANDS as SINK_COMMANDS
 from trainguard.context import friendly_errors, settings
+from trainguard.infra.config import component_config
+from trainguard.streams.config import WorkerConfig
 
 
 @click.command()
@@ -46,7 +46,7 @@ def worker(
 
     import faust
 
-    from streams.app import build_app
+    from trainguard.streams.app import build_app
 
     s = settings(ctx)
     cfg = component_config(s, "worker", WorkerConfig)
@@ -60,7 +60,7 @@ def worker(
     if app_id:
         cfg = replace(cfg, app_id=app_id)
     if cfg.topic_namespace:
-        from infra.bus import create_topics
+        from trainguard.infra.bus import create_topics
 
         create_topics(s.kafka, namespace=cfg.topic_namespace)  # Faust must not auto-create them
         click.echo(
@@ -78,9 +78,9 @@ def _create_changelogs(s: Any, cfg: WorkerConfig) -> None:
     broker like the worker itself would, saying so."""
     import time
 
-    from infra.backoff import Backoff
-    from infra.bus import BusError, create_topics
-    from streams.state import changelog_topics
+    from trainguard.infra.backoff import Backoff
+    from trainguard.infra.bus import BusError, create_topics
+    from trainguard.streams.state import changelog_topics
 
     backoff = Backoff(initial_s=1.0, max_s=30.0)
     while True:

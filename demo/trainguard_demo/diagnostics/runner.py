@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from actions.executors.base import DiagnosticResult
+from trainguard.actions.executors.base import DiagnosticResult
 from trainguard_demo.diagnostics.server import run_tests
 
 #: the tests :func:`run_local` knows, in the order it runs them.

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from schemas.base import Event
-from schemas.telemetry import SourceHealth
-from streams.exporter.config import ExporterConfig
+from trainguard.schemas.base import Event
+from trainguard.schemas.telemetry import SourceHealth
+from trainguard.streams.exporter.config import ExporterConfig
 
 
 class Source(Protocol):

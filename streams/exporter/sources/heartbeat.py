@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import itertools
 
-from schemas.base import Event, now_ms
-from schemas.telemetry import Heartbeat
-from streams.exporter.sources.base import SourceContext, register
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.telemetry import Heartbeat
+from trainguard.streams.exporter.sources.base import SourceContext, register
 
 
 class HeartbeatSource:

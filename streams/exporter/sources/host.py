@@ -12,9 +12,9 @@ import logging
 import os
 from dataclasses import dataclass
 
-from schemas.base import Event, now_ms
-from schemas.telemetry import DiskUsage, HostSample
-from streams.exporter.sources.base import SourceContext, read_text, register
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.telemetry import DiskUsage, HostSample
+from trainguard.streams.exporter.sources.base import SourceContext, read_text, register
 
 log = logging.getLogger(__name__)
 

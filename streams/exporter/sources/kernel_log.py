@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from detectors.rule_table import RuleTable, default_rule_table, load_rule_table
-from schemas.base import Event, now_ms
-from schemas.workload import LogLine
-from streams.exporter.sources.base import SourceContext, read_text, register
+from trainguard.detectors.rule_table import RuleTable, default_rule_table, load_rule_table
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.workload import LogLine
+from trainguard.streams.exporter.sources.base import SourceContext, read_text, register
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import os
 import re
 from pathlib import Path
 
-from schemas.base import Event, now_ms
-from schemas.telemetry import NicSample, NicSampleBatch
-from streams.exporter.sources.base import SourceContext, read_text, register
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.telemetry import NicSample, NicSampleBatch
+from trainguard.streams.exporter.sources.base import SourceContext, read_text, register
 
 log = logging.getLogger(__name__)
 

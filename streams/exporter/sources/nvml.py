@@ -15,10 +15,10 @@ import logging
 import warnings
 from typing import Any
 
-from schemas.base import Event, now_ms
-from schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
-from schemas.workload import LogLine
-from streams.exporter.sources.base import SourceContext, register
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
+from trainguard.schemas.workload import LogLine
+from trainguard.streams.exporter.sources.base import SourceContext, register
 
 log = logging.getLogger(__name__)
 

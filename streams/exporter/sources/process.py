@@ -4,13 +4,13 @@ exits.
 Training processes are selected by config (pids, a cgroup, or a command-line pattern); their
 trees take in every descendant, so dataloader workers (torch names them ``pt_data_worker``) and
 checkpoint writers are found too -- the paper's process-tree step of stack aggregation (§5).
-When a tracked process ends, a :class:`~schemas.workload.ProcessExit` is published: with the
+When a tracked process ends, a :class:`~trainguard.schemas.workload.ProcessExit` is published: with the
 exit code or signal when the process was seen as a zombie (``/proc/PID/stat`` field 52 holds its
 wait status), otherwise with the reason alone (a non-parent cannot wait() for it; the reporter
 inside the process reports its own exit reason).  The same discovery serves stack capture.
-Processes are read through :class:`infra.proctable.ProcTable` on the configured root's ``proc``.
+Processes are read through :class:`trainguard.infra.proctable.ProcTable` on the configured root's ``proc``.
 
-Every round (with a configured job) also publishes a :class:`~schemas.workload.RankLiveness`:
+Every round (with a configured job) also publishes a :class:`~trainguard.schemas.workload.RankLiveness`:
 the ranks alive on this node (none, when the job does not run here) and their states, keyed by
 job, so the worker judging the job's progress knows which machines still speak -- a frozen or
 lost machine sends neither steps nor liveness, and is found long before a collective timeout.
@@ -24,12 +24,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.proctable import ProcStat, ProcTable
-from schemas.base import Event, now_ms
-from schemas.enums import ProcessRole
-from schemas.workload import ProcessExit, ProcessInfo, RankLiveness
-from streams.exporter.config import ProcessConfig
-from streams.exporter.sources.base import SourceContext, read_text, register
+from trainguard.infra.proctable import ProcStat, ProcTable
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.workload import ProcessExit, ProcessInfo, RankLiveness
+from trainguard.streams.exporter.config import ProcessConfig
+from trainguard.streams.exporter.sources.base import SourceContext, read_text, register
 
 log = logging.getLogger(__name__)
 

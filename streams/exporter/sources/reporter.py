@@ -1,6 +1,6 @@
 """``reporter`` source: step telemetry and exits sent by training reporters on this node.
 
-Training processes (:mod:`streams.reporter`) send encoded events, newline-separated, in Unix
+Training processes (:mod:`trainguard.streams.reporter`) send encoded events, newline-separated, in Unix
 datagrams; a receiver thread drains the socket continuously into a bounded in-memory queue and
 each round publishes what is queued.  Unix datagram sockets push back on a full queue (the sender
 sees EAGAIN and counts a drop), so a slow exporter never blocks a training step.
@@ -38,10 +38,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from schemas.base import Event
-from schemas.codec import DecodeError, decode
-from schemas.workload import LogLine, ProcessExit, TrainingStep
-from streams.exporter.sources.base import SourceContext, register
+from trainguard.schemas.base import Event
+from trainguard.schemas.codec import DecodeError, decode
+from trainguard.schemas.workload import LogLine, ProcessExit, TrainingStep
+from trainguard.streams.exporter.sources.base import SourceContext, register
 
 log = logging.getLogger(__name__)
 
