@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from trainguard.detectors.detections import detection_from_finding
-from trainguard.detectors.eviction import preference_order
+from trainguard.detectors.eviction import MACHINE, preference_order
 from trainguard.detectors.findings import Finding
 from trainguard.detectors.flight_recorder.analysis import (
     FlightRecorderConfig,
@@ -211,7 +211,8 @@ class Capture:
         config: OverEvictionConfig | None = None,
         fr_config: FlightRecorderConfig | None = None,
     ) -> Detection:
-        """Run the over-eviction classifier; an eviction (or healthy) detection with the evidence.
+        """Run the over-eviction classifier; an eviction (a hang with nothing to evict: a restart;
+        else healthy) detection with the evidence.
 
         A fail-slow vote that is close says so in ``evidence.evidence.more_rounds``: the caller
         (:meth:`Captures.extend`) captures those rounds and judges again, or emits the healthy
@@ -225,7 +226,8 @@ class Capture:
         fr, fr_info = self.flight_recorder_result(fr_config)
         preference = preference_order(clf.config.evict_preference)
         alone = (fr_config or FlightRecorderConfig()).min_stuck_s
-        result = combine(stacks, fr, topo, preference, alone_min_stuck_s=alone)
+        share = clf.config.max_group_share
+        result = combine(stacks, fr, topo, preference, alone_min_stuck_s=alone, max_group_share=share)
         out = stacks.to_dict()
         out["verdict"] = result.verdict.value
         out["suspect_ranks"] = list(result.suspect_ranks)
@@ -235,6 +237,8 @@ class Capture:
             "ranks": list(result.evict_ranks),
             "machines": list(result.evict_machines),
             "machine_names": machines,
+            "why": result.evict_why,
+            "not_evicted": result.not_evicted.to_dict() if result.not_evicted else None,
         }
         out["decided_by"] = result.decided_by
         out["reason"] = result.reason
@@ -249,14 +253,19 @@ class Capture:
         out["missing_ranks"] = {str(r): v for r, v in self.missing().items()}
         out["dumps"] = len(self.dumps)
         evict = result.verdict is not Verdict.HEALTHY and bool(result.evict_ranks)
+        # A hang whose suspects no eviction fits (they are on every machine of the job): restart in
+        # place -- replacing every machine is no localisation, and doing nothing leaves it hung.
+        # A fail-slow job still trains: it is left running, the verdict on record.
+        restart = result.verdict is Verdict.HANG and not evict
+        action = Action.EVICT if evict else Action.RESTART if restart else Action.NONE
         category = {Verdict.HANG: "job_hang", Verdict.FAIL_SLOW: "fail_slow"}.get(result.verdict, "healthy")
         more = stacks.evidence.more_rounds if result.decided_by == "stacks" else 0
         out["evidence"]["more_rounds"] = more
         finding = Finding(
             kind="over_eviction",
             category=category,
-            severity=Severity.ERROR if evict else Severity.INFO,
-            action=Action.EVICT if evict else Action.NONE,
+            severity=Severity.ERROR if evict or restart else Severity.INFO,
+            action=action,
             job=self.job,
             ranks=tuple(result.suspect_ranks),
             evidence=out,
@@ -264,13 +273,23 @@ class Capture:
         witness = {"both": "stacks + Flight Recorder", "union": "stacks + Flight Recorder, both groups"}.get(
             result.decided_by, result.decided_by.replace("_", " ")
         )
-        msg = (
-            f"{result.verdict.value}: evict {result.evict_kind} group {list(result.evict_ranks)} "
-            f"on {', '.join(machines)} (suspects {list(result.suspect_ranks)}; {witness})"
-            if evict
-            else f"{result.verdict.value}: no group to evict"
-            + (f" yet ({more} more rounds asked for)" if more and self.may_extend() else "")
-        )
+        if evict:
+            what = (
+                "machine(s)"
+                if result.evict_kind == MACHINE
+                else f"{result.evict_kind} group {list(result.evict_ranks)} on"
+            )
+            msg = f"{result.verdict.value}: evict {what} {', '.join(machines)} "
+            msg += f"(suspects {list(result.suspect_ranks)}; {witness})"
+            if result.evict_why:
+                msg += f"; {result.evict_why}"
+        elif restart:
+            msg = f"{result.verdict.value}: restart in place, no machine to evict "
+            msg += f"(suspects {list(result.suspect_ranks)}; {witness}): {result.evict_why or result.reason}"
+        else:
+            msg = f"{result.verdict.value}: no group to evict"
+            msg += f" yet ({more} more rounds asked for)" if more and self.may_extend() else ""
+            msg += f"; {result.evict_why}" if result.evict_why else ""
         return detection_from_finding(
             finding,
             job=self.job,

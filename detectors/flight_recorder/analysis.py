@@ -21,7 +21,10 @@ collective ran ahead and waits in the next one for ranks that wait for it), the 
 the first stuck collective are the suspects.  When every rank
 entered the first stuck collective and none is missing, the group itself is suspect (a link, or a
 rank failing inside the collective).  Ranks that entered one sequence number of a group with a
-different op or sizes are a mismatch; the ranks in the minority are the suspects.
+different op or sizes are a mismatch; the ranks in the minority are the suspects.  What is
+evicted for the suspects follows the stack analysis's rule
+(:func:`~trainguard.detectors.eviction.choose_eviction`): their parallel group, unless it spans
+every machine of the job or more than ``max_group_share`` of them.
 
 Pure: dumps in, a :class:`FlightRecorderResult` out.
 """
@@ -33,7 +36,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.detectors.eviction import check_preference, choose_group, preference_order
+from trainguard.detectors.eviction import (
+    Eviction,
+    ParallelGroup,
+    check_preference,
+    choose_eviction,
+    preference_order,
+)
 from trainguard.detectors.flight_recorder.load import Entry, RankDump
 from trainguard.schemas.topology import DIMS, JobTopology
 from trainguard.schemas.typecheck import bounds
@@ -50,6 +59,9 @@ class FlightRecorderConfig:
     #: Group kinds in eviction order (as the stack analysis): the first kind with one group
     #: holding every suspect wins.  PP first: ByteRobust's production unit.
     evict_preference: tuple[str, ...] = ("pp", "tp", "dp")
+    #: As the stack analysis: a group spanning more than this share of the job's machines (or all
+    #: of them) is not evicted, only the suspects' own machines (``docs/over-eviction.md``).
+    max_group_share: float = field(default=0.5, metadata=bounds(0.0, 1.0))
     #: A rank with no dump is a candidate suspect (its process is gone or frozen).
     undumped_ranks_are_suspects: bool = True
 
@@ -147,6 +159,9 @@ class FlightRecorderResult:
     stuck: tuple[StuckCollective, ...] = ()
     mismatches: tuple[Mismatch, ...] = ()
     groups: tuple[GroupState, ...] = ()
+    #: why the group around the suspects was not evicted ("" when it is; the stack analysis's rule).
+    evict_why: str = ""
+    not_evicted: ParallelGroup | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -157,6 +172,8 @@ class FlightRecorderResult:
                 "kind": self.evict_kind,
                 "ranks": list(self.evict_ranks),
                 "machines": list(self.evict_machines),
+                "why": self.evict_why,
+                "not_evicted": self.not_evicted.to_dict() if self.not_evicted else None,
             },
             "evidence": {
                 "reason": self.reason,
@@ -430,11 +447,19 @@ def _result(
     cfg: FlightRecorderConfig,
     base: dict[str, Any],
 ) -> FlightRecorderResult:
-    kind: str | None = None
-    ranks: tuple[int, ...] = ()
+    ev = Eviction(None, (), ())
     if suspects:
-        kind, ranks = choose_group(topology, suspects, preference_order(cfg.evict_preference))
-    machines = tuple(topology.machines_of(list(ranks)))
+        preference = preference_order(cfg.evict_preference)
+        ev = choose_eviction(topology, suspects, preference, cfg.max_group_share)
     return FlightRecorderResult(
-        verdict, reason, tuple(sorted(missing)), tuple(sorted(suspects)), kind, ranks, machines, **base
+        verdict,
+        reason,
+        tuple(sorted(missing)),
+        tuple(sorted(suspects)),
+        ev.kind,
+        ev.ranks,
+        ev.machines,
+        **base,
+        evict_why=ev.why,
+        not_evicted=ev.not_evicted,
     )

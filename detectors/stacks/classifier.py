@@ -13,7 +13,10 @@
 
 The evicted group is the first kind in ``evict_preference`` (default PP, then TP, then DP)
 that has one group holding every root; when no single group does, the group holding the most
-roots.  Machines are ``rank // ranks_per_machine``.
+roots.  A group spanning every machine of the job (pure DDP) or more than ``max_group_share``
+of them is not evicted: only the suspects' own machines are, or nothing when they are on every
+machine (:func:`~trainguard.detectors.eviction.choose_eviction`).  Machines are
+``rank // ranks_per_machine``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from trainguard.detectors.eviction import choose_group, preference_order
+from trainguard.detectors.eviction import Eviction, choose_eviction, choose_group, preference_order
 from trainguard.detectors.stacks.analysis import RankState, RoundAnalysis, analyze_round, rank_states
 from trainguard.detectors.stacks.config import OverEvictionConfig
 from trainguard.detectors.stacks.loader import Round
@@ -113,9 +116,9 @@ class OverEvictionClassifier:
         ra = analyze_round(states, self.topology, self.config)
         if not ra.confident:
             return self._healthy(states, ra, "hang", len(rounds))
-        kind, group = self.choose_group(ra.roots)
+        eviction = self.choose_eviction(ra.roots)
         reason = f"{ra.reach}/{ra.world} ranks wait on rank(s) {_short(ra.roots)} ({self._why(states, ra)})"
-        return self._result(Verdict.HANG, ra.roots, kind, group, states, ra, "hang", len(rounds), reason)
+        return self._result(Verdict.HANG, ra.roots, eviction, states, ra, "hang", len(rounds), reason)
 
     def _fail_slow(self, rounds: Sequence[list[RankState]], hint: tuple[int, ...] = ()) -> OverEvictionResult:
         """Vote over rounds: the ranks most often found as roots, then the group holding them.
@@ -168,11 +171,11 @@ class OverEvictionClassifier:
                     f"{ra.reach}/{ra.world} ranks waiting on {_short(ra.roots)} "
                     f"({self._why(rounds[last], ra)})"
                 )
+                # The vote is over the group (roots wander within it); what it evicts fits the job.
                 res = self._result(
                     Verdict.FAIL_SLOW,
                     suspects,
-                    kind,
-                    group,
+                    self.choose_eviction(suspects),
                     rounds[last],
                     ra,
                     "fail_slow",
@@ -212,8 +215,12 @@ class OverEvictionClassifier:
         return cfg.fail_slow_alpha / (looks * (2 if hinted else 1))
 
     def choose_group(self, roots: Sequence[int]) -> tuple[str, tuple[int, ...]]:
-        """The parallel group to evict for these root ranks (see module docstring)."""
+        """The parallel group around these root ranks (see module docstring)."""
         return choose_group(self.topology, roots, self._preference)
+
+    def choose_eviction(self, roots: Sequence[int]) -> Eviction:
+        """What to evict for these root ranks: their group, unless too large a share of the job."""
+        return choose_eviction(self.topology, roots, self._preference, self.config.max_group_share)
 
     def _why(self, states: list[RankState], ra: RoundAnalysis) -> str:
         root = states[ra.roots[0]]
@@ -244,14 +251,14 @@ class OverEvictionClassifier:
             )
         else:
             reason = "no rank waits on another: nothing stands out"
-        return self._result(Verdict.HEALTHY, (), None, (), states, ra, analysis, n_rounds, reason, votes)
+        nothing = Eviction(None, (), ())
+        return self._result(Verdict.HEALTHY, (), nothing, states, ra, analysis, n_rounds, reason, votes)
 
     def _result(
         self,
         verdict: Verdict,
         suspects: tuple[int, ...],
-        kind: str | None,
-        group: tuple[int, ...],
+        eviction: Eviction,
         states: list[RankState],
         ra: RoundAnalysis,
         analysis: str,
@@ -259,7 +266,6 @@ class OverEvictionClassifier:
         reason: str,
         votes: tuple[Vote, ...] = (),
     ) -> OverEvictionResult:
-        machines = tuple(self.topology.machines_of(list(group))) if group else ()
         evidence = Evidence(
             reason=reason,
             analysis=analysis,
@@ -270,7 +276,10 @@ class OverEvictionClassifier:
             classes=_stack_classes(states, ra, set(suspects)),
             votes=votes,
         )
-        return OverEvictionResult(verdict, suspects, kind, group, machines, evidence)
+        ev = eviction
+        return OverEvictionResult(
+            verdict, suspects, ev.kind, ev.ranks, ev.machines, evidence, ev.why, ev.not_evicted
+        )
 
 
 def _chance(p_value: float, candidates: int, agreed: bool) -> str:

@@ -4,10 +4,14 @@
 
     {"verdict": "healthy" | "hang" | "fail_slow",
      "suspect_ranks": [...],
-     "evict": {"kind": "tp" | "dp" | "pp" | None, "ranks": [...], "machines": [...]},
+     "evict": {"kind": "tp" | "dp" | "pp" | "machine" | None, "ranks": [...], "machines": [...],
+               "why": "...", "not_evicted": {"kind": ..., "ranks": [...]} | None},
      "evidence": {...}}
 
-with machines numbered ``rank // ranks_per_machine``; a healthy verdict evicts nothing.
+with machines numbered ``rank // ranks_per_machine``; a healthy verdict evicts nothing.  ``why``
+and ``not_evicted`` say when the parallel group around the suspects was too large a share of the
+job to evict (:func:`trainguard.detectors.eviction.choose_eviction`): kind ``machine`` (the
+suspects' machines), or nothing at all when the suspects are on every machine.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.detectors.eviction import ParallelGroup
 from trainguard.schemas.enums import Verdict
 
 
@@ -92,7 +97,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class OverEvictionResult:
-    """Verdict, suspects, the parallel group to evict and its machines, with evidence."""
+    """Verdict, suspects, the parallel group (or machines) to evict, with evidence."""
 
     verdict: Verdict
     suspect_ranks: tuple[int, ...]
@@ -100,6 +105,9 @@ class OverEvictionResult:
     evict_ranks: tuple[int, ...]
     evict_machines: tuple[int, ...]
     evidence: Evidence
+    #: why the group around the suspects was not evicted ("" when it is).
+    evict_why: str = ""
+    not_evicted: ParallelGroup | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +117,8 @@ class OverEvictionResult:
                 "kind": self.evict_kind,
                 "ranks": list(self.evict_ranks),
                 "machines": list(self.evict_machines),
+                "why": self.evict_why,
+                "not_evicted": self.not_evicted.to_dict() if self.not_evicted else None,
             },
             "evidence": self.evidence.to_dict(),
         }

@@ -45,13 +45,19 @@ def test_a_collective_in_flight_for_less_than_min_stuck_is_healthy() -> None:
     assert out["verdict"] == "healthy"
 
 
-def test_the_rank_that_never_entered_is_the_suspect_and_its_pipeline_is_evicted() -> None:
+def test_the_rank_that_never_entered_is_the_suspect_and_its_machine_is_evicted() -> None:
     out = analyze({0: [e("tp0", 1), e("tp0", 2, "scheduled", age_s=20)], 1: [e("tp0", 1)],
                    2: [e("tp1", 1)], 3: [e("tp1", 1)]})  # fmt: skip
     assert out["verdict"] == "hang"
     assert out["missing_ranks"] == [1] and out["suspect_ranks"] == [1]
-    assert out["evict"] == {"kind": "pp", "ranks": [1, 3], "machines": [0, 1]}
+    # Its pipeline [1, 3] spans both machines of this job: only the suspect's machine goes.
+    evict = out["evict"]
+    assert (evict["kind"], evict["ranks"], evict["machines"]) == ("machine", [0, 1], [0])
+    assert evict["not_evicted"] == {"kind": "pp", "ranks": [1, 3]} and "every machine" in evict["why"]
     assert out["evidence"]["first_stuck"]["group"] == "tp0"
+    # Allowed any share, a group that is the whole job still does not go.
+    assert analyze({0: [e("tp0", 1), e("tp0", 2, "scheduled", age_s=20)], 1: [e("tp0", 1)],
+                    2: [e("tp1", 1)], 3: [e("tp1", 1)]}, max_group_share=1.0)["evict"] == evict  # fmt: skip
 
 
 def test_the_first_stuck_collective_is_the_cause_and_a_waiting_rank_is_not_a_root() -> None:
@@ -133,7 +139,7 @@ def test_membership_is_inferred_from_the_topology_and_skips_size_one_dimensions(
     # tp2 pp2 dp1, gloo-style: group "A" is rank 0 and 1's TP group; rank 1 wrote no dump.
     topo = JobTopology(job="j", tp=2, pp=2, dp=1, ranks_per_machine=2)
     out = _gloo({0: [e("A", 1, "scheduled", age_s=30)], 2: [e("B", 1)], 3: [e("B", 1)]}, topo)
-    assert out["suspect_ranks"] == [1] and out["evict"]["kind"] == "pp"
+    assert out["suspect_ranks"] == [1] and out["evict"]["not_evicted"]["kind"] == "pp"  # the whole job
 
 
 def test_a_dumped_member_without_entries_in_the_group_is_missing_from_it() -> None:

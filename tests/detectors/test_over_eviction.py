@@ -113,7 +113,7 @@ def test_captured_fixture(case: str, fmt: str) -> None:
     result, _ = _live(clf, rounds, slow)
     out = result.to_dict()
     assert set(out) == {"verdict", "suspect_ranks", "evict", "evidence"}
-    assert set(out["evict"]) == {"kind", "ranks", "machines"}
+    assert set(out["evict"]) == {"kind", "ranks", "machines", "why", "not_evicted"}
     if out["verdict"] == "healthy" and expected["verdict"] == "fail_slow":
         # Not found from the first rounds (a close vote the recording has too few rounds for, or
         # rounds in which the slow rank did not stand out) -- but never a wrong eviction; how
@@ -121,15 +121,25 @@ def test_captured_fixture(case: str, fmt: str) -> None:
         assert out["evict"]["kind"] is None, out
         return
     assert out["verdict"] == expected["verdict"]
-    assert out["evict"]["kind"] == expected["kind"]
+    evict = out["evict"]
     if m["faulty_rank"] is None:
-        assert out["evict"] == {"kind": None, "ranks": [], "machines": []}
+        assert evict == {"kind": None, "ranks": [], "machines": [], "why": "", "not_evicted": None}
         assert out["suspect_ranks"] == []
+        assert expected["kind"] is None
     else:
-        assert m["faulty_rank"] in out["evict"]["ranks"]
-        assert set(out["suspect_ranks"]) <= set(out["evict"]["ranks"])
-        assert out["evict"]["ranks"] == topo.group(out["evict"]["kind"], out["evict"]["ranks"][0])
-        assert out["evict"]["machines"] == topo.machines_of(out["evict"]["ranks"])
+        # The manifest names the parallel group around the fault; where that group spans more
+        # than half the job's machines (a pipeline over every machine of tp1pp4dp2 or tp2pp4dp1)
+        # only the suspects' machines go, the group named as not evicted.
+        group = evict["not_evicted"] or evict
+        assert group["kind"] == expected["kind"]
+        assert group["ranks"] == topo.group(group["kind"], group["ranks"][0])
+        spread = len(topo.machines_of(group["ranks"])) / topo.num_machines
+        assert (evict["kind"] == "machine") is (spread > 0.5), out
+        assert m["faulty_rank"] in evict["ranks"]
+        assert set(out["suspect_ranks"]) <= set(evict["ranks"])
+        assert evict["machines"] == topo.machines_of(evict["ranks"])
+        if evict["kind"] == "machine":
+            assert evict["machines"] == topo.machines_of(out["suspect_ranks"]) and "spans" in evict["why"]
     json.dumps(out)  # the wire form is plain JSON
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from trainguard.commands.topology_options import JobShape, topology_options
+from trainguard.detectors.eviction import describe
 from trainguard.detectors.flight_recorder import (
     FlightRecorderConfig,
     FlightRecorderError,
@@ -76,11 +77,9 @@ def analyze(
 
 def render(result: FlightRecorderResult) -> str:
     lines = [f"verdict: {result.verdict}", f"suspect ranks: {list(result.suspect_ranks)}"]
-    if result.evict_kind:
-        group = f"{result.evict_kind} group {list(result.evict_ranks)}"
-        lines.append(f"evict: {group} on machines {list(result.evict_machines)}")
-    else:
-        lines.append("evict: nothing")
+    lines.append(f"evict: {describe(result.evict_kind, result.evict_ranks, result.evict_machines)}")
+    if result.evict_why:
+        lines.append(f"not evicted: {result.evict_why}")
     lines.append(f"reason: {result.reason}")
     if result.undumped_ranks:
         lines.append(f"ranks without a dump: {list(result.undumped_ranks)}")

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from trainguard.commands.topology_options import JobShape, topology_options
+from trainguard.detectors.eviction import describe
 from trainguard.detectors.stacks import (
     OverEvictionClassifier,
     OverEvictionConfig,
@@ -93,13 +94,9 @@ def analyze(
 def _render(result: OverEvictionResult) -> str:
     ev = result.evidence
     lines = [f"verdict: {result.verdict.value}", f"suspect ranks: {list(result.suspect_ranks)}"]
-    if result.evict_kind:
-        lines.append(
-            f"evict: {result.evict_kind} group {list(result.evict_ranks)} "
-            f"on machines {list(result.evict_machines)}"
-        )
-    else:
-        lines.append("evict: nothing")
+    lines.append(f"evict: {describe(result.evict_kind, result.evict_ranks, result.evict_machines)}")
+    if result.evict_why:
+        lines.append(f"not evicted: {result.evict_why}")
     lines.append(f"reason: {ev.reason}")
     if ev.more_rounds:
         lines.append(f"undecided: capture {ev.more_rounds} more round(s) and analyse them all again")
