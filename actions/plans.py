@@ -11,6 +11,16 @@ ByteRobust's flow (§4.2-§4.3, §6):
 * ``restart``  -- restart in place; with ``evidence["code_update"]`` an operator's code update:
   urgent ones now, others queued for the next recovery (forced after a deadline).
 
+**Rungs that cannot run are skipped, never held.**  Stop-time tests need test commands, a
+rollback needs an earlier code version (and an executor that can switch versions), dual-phase
+replay needs a replay command and a layout that splits into groups.  A rung missing one of these
+is skipped -- the reason goes into :attr:`Plan.skipped`, which the runner records as a
+``skipped`` step of the recovery and logs -- and the ladder goes on to the next rung that can
+run, ultimately a plain restart: a site with the documented minimal executor configuration
+(no ``replay_command``) gets restarts, not a recovery held with the job down.  What an executor
+cannot do for want of configuration, it says in ``Executor.unconfigured()``, frozen in
+:attr:`PlanContext.unconfigured` when the recovery starts.
+
 Plans that branch on a step's result (diagnose, replay) are rebuilt from the results recorded so
 far: :func:`build_plan` is called again after each step, and since its inputs (the decision, the
 :class:`PlanContext` snapshot stored when the recovery started, the stored results) survive a
@@ -33,7 +43,12 @@ from enum import StrEnum
 from typing import Any
 
 from trainguard.actions.state import RecoveryState
-from trainguard.detectors.planning import PlanningError, locate_from_results, plan_dual_phase_replay
+from trainguard.detectors.planning import (
+    PlanningError,
+    ReplayPlan,
+    locate_from_results,
+    plan_dual_phase_replay,
+)
 from trainguard.schemas.control import Decision
 from trainguard.schemas.enums import Action
 
@@ -73,6 +88,15 @@ class Escalation:
     ROLLBACK = 1
     REPLAY = 2
     OPERATOR = 3
+
+
+#: the executor method (:class:`~trainguard.actions.executors.base.Executor`) each skippable rung
+#: needs: a rung whose method is in :attr:`PlanContext.unconfigured` is skipped.
+RUNG_NEEDS: dict[str, str] = {
+    "diagnose": "run_diagnostics",
+    "rollback": "hot_update",
+    "replay": "run_replay",
+}
 
 
 @dataclass(frozen=True)
@@ -140,6 +164,9 @@ class PlanContext:
     pending_update: str = ""
     tests: tuple[str, ...] = ("alignment", "connectivity")
     replay_k: int = 1
+    #: executor methods this site's configuration cannot perform -> what is missing
+    #: (``Executor.unconfigured()``); the rungs needing them (:data:`RUNG_NEEDS`) are skipped.
+    unconfigured: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,6 +177,7 @@ class PlanContext:
             "pending_update": self.pending_update,
             "tests": list(self.tests),
             "replay_k": self.replay_k,
+            "unconfigured": dict(self.unconfigured),
         }
 
     @classmethod
@@ -162,14 +190,23 @@ class PlanContext:
             pending_update=str(data["pending_update"]),
             tests=tuple(data["tests"]),
             replay_k=int(data["replay_k"]),
+            # absent from contexts stored before rungs were skipped: everything was configured
+            unconfigured={str(k): str(v) for k, v in (data.get("unconfigured") or {}).items()},
         )
+
+    def cannot(self, rung: str) -> str:
+        """Why the executor cannot run ``rung`` ("" when it can, or the rung needs nothing)."""
+        method = RUNG_NEEDS.get(rung, "")
+        why = self.unconfigured.get(method, "") if method else ""
+        return f"the executor cannot {method}: {why}" if why else ""
 
 
 @dataclass(frozen=True)
 class Plan:
     steps: tuple[Step, ...]
     #: evict / diagnose_evict / reattempt / rollback / replay / update / restart / queue_update /
-    #: ignored / superseded -- which rung of the flow this recovery took.
+    #: ignored / superseded -- which rung of the flow this recovery took (a skipped rung keeps
+    #: its name: its steps are a restart, and :attr:`skipped` says why).
     path: str
     #: False while the rest depends on a step result not known yet (diagnose, replay).
     complete: bool = True
@@ -178,6 +215,8 @@ class Plan:
     #: rung a crash without culprit right after this recovery reaches (None: no effect).
     next_level: int | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    #: (rung, why) of each rung this plan skipped because it cannot run here.
+    skipped: tuple[tuple[str, str], ...] = ()
 
 
 def _s(kind: StepKind, **kw: Any) -> Step:
@@ -210,9 +249,13 @@ def build_plan(decision: Decision, ctx: PlanContext, results: Mapping[str, Any])
             (stop, *_evict_tail(targets, ctx.pending_update)), "evict", next_level=Escalation.ROLLBACK
         )
     if action is Action.ROLLBACK:
-        if not ctx.rollback_target:
+        why = _cannot_roll_back(ctx)
+        if why:  # restart in place; the restart budget stops a crash loop of the same code
             return Plan(
-                (), "rollback", hold="no earlier code version is recorded for this job to roll back to"
+                (stop, _s(StepKind.RESTART)),
+                "rollback",
+                next_level=Escalation.REPLAY,
+                skipped=(("rollback", why),),
             )
         steps = (
             stop,
@@ -238,20 +281,60 @@ def build_plan(decision: Decision, ctx: PlanContext, results: Mapping[str, Any])
     return Plan((), "ignored", detail={"why": f"{action.value} decisions are handled by the stream workers"})
 
 
+def _cannot_roll_back(ctx: PlanContext) -> str:
+    """Why the rollback rung cannot run for this job ("" when it can)."""
+    if not ctx.rollback_target:
+        return "no earlier code version is recorded for this job to roll back to"
+    return ctx.cannot("rollback")
+
+
+def _dual_phase(ctx: PlanContext) -> tuple[ReplayPlan | None, str]:
+    """The job's dual-phase replay groups, or None and why the replay rung cannot run."""
+    why = ctx.cannot("replay")
+    if why:
+        return None, why
+    n = len(ctx.machines)
+    try:
+        if ctx.pp < 1 or n % ctx.pp:
+            raise PlanningError(f"{n} machines do not split into pipelines of {ctx.pp}")
+        return plan_dual_phase_replay(pp=ctx.pp, dp=n // ctx.pp, k=ctx.replay_k, n_machines=n), ""
+    except PlanningError as exc:
+        return None, f"dual-phase replay impossible: {exc}"
+
+
 def _diagnose_plan(ctx: PlanContext, results: Mapping[str, Any]) -> Plan:
-    head = [_s(StepKind.STOP), _s(StepKind.DIAGNOSE, machines=ctx.machines, tests=ctx.tests)]
-    diag = results.get(StepKind.DIAGNOSE.value)
-    if diag is None:
-        return Plan(tuple(head), "diagnose", complete=False)
+    skipped: list[tuple[str, str]] = []
+    head = [_s(StepKind.STOP)]
+    why = ctx.cannot("diagnose") or ("" if ctx.tests else "no stop-time tests are configured")
+    if why:  # nothing tested, so nothing flagged: the escalation level decides alone
+        skipped.append(("diagnose", why))
+        diag: Mapping[str, Any] = {"failed": []}
+    else:
+        head.append(_s(StepKind.DIAGNOSE, machines=ctx.machines, tests=ctx.tests))
+        found = results.get(StepKind.DIAGNOSE.value)
+        if found is None:
+            return Plan(tuple(head), "diagnose", complete=False)
+        diag = found
     failed = sorted(diag.get("failed") or [])
     if failed:  # step ④: evict what the stop-time tests flagged
-        return Plan(tuple(head + _evict_tail(failed, ctx.pending_update)), "diagnose_evict", next_level=1)
+        return Plan(
+            tuple(head + _evict_tail(failed, ctx.pending_update)),
+            "diagnose_evict",
+            next_level=1,
+            skipped=tuple(skipped),
+        )
     level = ctx.level
-    if level == Escalation.ROLLBACK and not ctx.rollback_target:
-        level = Escalation.REPLAY  # nothing to roll back: go on to the next rung
+    if level == Escalation.ROLLBACK:
+        why = _cannot_roll_back(ctx)
+        if why:  # go on to the next rung
+            skipped.append(("rollback", why))
+            level = Escalation.REPLAY
     if level == Escalation.REATTEMPT:  # step ⑤: transient; restart directly
         return Plan(
-            tuple(head + _restart_tail(ctx.pending_update)), "reattempt", next_level=Escalation.ROLLBACK
+            tuple(head + _restart_tail(ctx.pending_update)),
+            "reattempt",
+            next_level=Escalation.ROLLBACK,
+            skipped=tuple(skipped),
         )
     if level == Escalation.ROLLBACK:  # steps ⑥/⑦
         steps = [
@@ -259,25 +342,35 @@ def _diagnose_plan(ctx: PlanContext, results: Mapping[str, Any]) -> Plan:
             _s(StepKind.HOT_UPDATE, version=ctx.rollback_target, note="rollback"),
             _s(StepKind.RESTART),
         ]
-        return Plan(tuple(steps), "rollback", next_level=Escalation.REPLAY)
+        return Plan(tuple(steps), "rollback", next_level=Escalation.REPLAY, skipped=tuple(skipped))
     if level == Escalation.REPLAY:  # steps ⑧/⑨
-        return _replay_plan(ctx, head, results)
+        rp, why = _dual_phase(ctx)
+        if rp is None:
+            # Nothing left that localises the fault here: restart (no new code, as a replay's
+            # eviction would), and the next crash goes to an operator.
+            skipped.append(("replay", why))
+            return Plan(
+                tuple(head + _restart_tail("")),
+                "replay",
+                next_level=Escalation.OPERATOR,
+                skipped=tuple(skipped),
+            )
+        return _replay_plan(ctx, rp, head, results, tuple(skipped))
     return Plan(
         tuple(head),
         "operator",
         hold="diagnose, reattempt, rollback and dual-phase replay did not keep the job running",
+        skipped=tuple(skipped),
     )
 
 
-def _replay_plan(ctx: PlanContext, head: list[Step], results: Mapping[str, Any]) -> Plan:
-    n = len(ctx.machines)
-    try:
-        if ctx.pp < 1 or n % ctx.pp:
-            raise PlanningError(f"{n} machines do not split into pipelines of {ctx.pp}")
-        rp = plan_dual_phase_replay(pp=ctx.pp, dp=n // ctx.pp, k=ctx.replay_k, n_machines=n)
-    except PlanningError as exc:
-        return Plan(tuple(head), "replay", hold=f"dual-phase replay impossible: {exc}")
-
+def _replay_plan(
+    ctx: PlanContext,
+    rp: ReplayPlan,
+    head: list[Step],
+    results: Mapping[str, Any],
+    skipped: tuple[tuple[str, str], ...],
+) -> Plan:
     def named(groups: tuple[tuple[int, ...], ...]) -> tuple[tuple[str, ...], ...]:
         return tuple(tuple(ctx.machines[i] for i in g) for g in groups)
 
@@ -289,12 +382,22 @@ def _replay_plan(ctx: PlanContext, head: list[Step], results: Mapping[str, Any])
     ]
     h, v = results.get(StepKind.REPLAY_HORIZONTAL.value), results.get(StepKind.REPLAY_VERTICAL.value)
     if h is None or v is None:
-        return Plan(tuple(steps), "replay", complete=False, detail=detail)
+        return Plan(tuple(steps), "replay", complete=False, detail=detail, skipped=skipped)
     try:
         faulty = ctx.machines[locate_from_results(rp, list(h["ok"]), list(v["ok"]))]
     except PlanningError as exc:
-        return Plan(tuple(steps), "replay", hold=f"replay did not isolate one machine: {exc}", detail=detail)
+        return Plan(
+            tuple(steps),
+            "replay",
+            hold=f"replay did not isolate one machine: {exc}",
+            detail=detail,
+            skipped=skipped,
+        )
     tail = _evict_tail([faulty], "")  # no new code while localising an unknown fault
     return Plan(
-        tuple(steps + tail), "replay", next_level=Escalation.OPERATOR, detail={**detail, "faulty": faulty}
+        tuple(steps + tail),
+        "replay",
+        next_level=Escalation.OPERATOR,
+        detail={**detail, "faulty": faulty},
+        skipped=skipped,
     )

@@ -15,7 +15,10 @@ Tables:
 * ``evictions`` / ``restarts`` -- logs read by the blast-radius guard and the restart budget;
 * ``code_changes`` -- every code version change per job (baseline, updates, rollbacks), pending
   lazy updates included: traceable and reproducible (§6.1);
-* ``specs`` -- the latest JobSpec per job seen on the jobs topic or published by the service.
+* ``specs`` -- the latest JobSpec per job seen on the jobs topic or published by the service;
+* ``pool_offers`` -- machines an operator put into a job's standby pool
+  (``trainguard actions add-standby`` / ``return-node``): a returned machine is no longer
+  excluded as evicted (until it is evicted again), and a swap may take any offered one.
 """
 
 from __future__ import annotations
@@ -96,6 +99,14 @@ CREATE TABLE IF NOT EXISTS specs (
     job TEXT PRIMARY KEY,
     ts_ms INTEGER NOT NULL,
     spec BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pool_offers (
+    job TEXT NOT NULL,
+    machine TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    by TEXT NOT NULL,
+    ts_ms INTEGER NOT NULL,
+    PRIMARY KEY (job, machine)
 );
 CREATE TABLE IF NOT EXISTS pause (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -425,6 +436,17 @@ class ProgressStore:
                 (now_ms, json.dumps({"error": error}), decision_id, key),
             )
 
+    def step_skipped(self, decision_id: str, key: str, reason: str, now_ms: int) -> bool:
+        """Record that the plan skipped rung ``key`` (``reason``: why it cannot run); False when it
+        was recorded before (the plan is rebuilt after every step)."""
+        with self._tx() as c:
+            cur = c.execute(
+                "INSERT OR IGNORE INTO steps (decision_id, key, attempts, status, finished_ms, result)"
+                " VALUES (?, ?, 0, 'skipped', ?, ?)",
+                (decision_id, key, now_ms, json.dumps({"skipped": reason})),
+            )
+            return cur.rowcount == 1
+
     def step_results(self, decision_id: str) -> dict[str, Any]:
         rows = self._rows(
             "SELECT key, result FROM steps WHERE decision_id = ? AND status = 'done'", (decision_id,)
@@ -514,7 +536,34 @@ class ProgressStore:
         return int(rows[0]["n"])
 
     def evicted_machines(self, job: str) -> set[str]:
-        return {r["machine"] for r in self._rows("SELECT machine FROM evictions WHERE job = ?", (job,))}
+        """Machines evicted from ``job`` and not offered back since (a swap never takes them)."""
+        rows = self._rows(
+            "SELECT e.machine FROM evictions e LEFT JOIN pool_offers o"
+            " ON o.job = e.job AND o.machine = e.machine WHERE e.job = ?"
+            " GROUP BY e.machine HAVING MAX(e.ts_ms) >= COALESCE(MAX(o.ts_ms), -1)",
+            (job,),
+        )
+        return {r["machine"] for r in rows}
+
+    # --- operator pool offers ----------------------------------------------------------------------
+
+    def offer_machines(self, job: str, machines: list[str], kind: str, by: str, now_ms: int) -> None:
+        """Put ``machines`` into ``job``'s standby pool (``kind``: ``standby`` for a machine new to
+        the job, ``returned`` for one it evicted): a later offer of the same machine replaces an
+        earlier one, and lifts the eviction exclusion of every eviction before it."""
+        with self._tx() as c:
+            c.executemany(
+                "INSERT OR REPLACE INTO pool_offers (job, machine, kind, by, ts_ms) VALUES (?, ?, ?, ?, ?)",
+                [(job, m, kind, by, now_ms) for m in dict.fromkeys(machines)],
+            )
+
+    def pool_offers(self, job: str) -> list[dict[str, Any]]:
+        """The offers of ``job`` still in force (the machine not evicted since), oldest first."""
+        evicted = self.evicted_machines(job)
+        rows = self._rows(
+            "SELECT machine, kind, by, ts_ms FROM pool_offers WHERE job = ? ORDER BY ts_ms, machine", (job,)
+        )
+        return [dict(r) for r in rows if r["machine"] not in evicted]
 
     def restarts_since(self, job: str, since_ms: int) -> int:
         rows = self._rows("SELECT COUNT(*) AS n FROM restarts WHERE job = ? AND ts_ms >= ?", (job, since_ms))

@@ -7,6 +7,14 @@ finished step is never run twice.  Each step emits ``started`` and ``succeeded``
 action events with deterministic ids (redelivered events collapse in ClickHouse); a step's
 ``succeeded`` event is re-sent on resume if the crash came between recording and sending it.
 Each attempt's duration and outcome, and each hold, are counted in :mod:`trainguard.actions.metrics`.
+A rung the plan skips (:attr:`trainguard.actions.plans.Plan.skipped`: it cannot run with this
+site's configuration) is logged once and recorded as a ``skipped`` step with its reason.
+
+Swapping standbys takes the spec's pool plus the machines an operator offered
+(``trainguard actions add-standby`` / ``return-node``), never a machine evicted and not offered
+back since.  After an operator released a swap that found no spare machine, the pool is asked
+of the executor again (``usable_machines``: the allocation's nodes Slurm reports usable, the
+nodes Kubernetes reports Ready and schedulable) instead of taken from the stale spec.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Protocol
 
 from trainguard.actions import guard, placement
@@ -74,6 +82,8 @@ class RecoveryRunner:
         self.clock = clock
         #: the stop-time tests diagnose steps run (raises ValueError when the executor lacks one).
         self.tests = cfg.diagnostic_tests(tuple(executor.diagnostic_tests))
+        #: what this executor cannot do for want of configuration (the plans skip those rungs).
+        self.unconfigured = _unconfigured(executor)
 
     # --- events ----------------------------------------------------------------------------------
 
@@ -128,6 +138,7 @@ class RecoveryRunner:
             assert rec.context is not None
             results = self.store.step_results(decision_id)
             plan = build_plan(rec.decision, PlanContext.from_json(rec.context["plan"]), results)
+            self._record_skips(rec, plan)
             if plan.hold:
                 return self._hold(rec, plan.hold, "plan", "plan")
             step = next((s for s in plan.steps if s.key not in results), None)
@@ -239,6 +250,7 @@ class RecoveryRunner:
             pending_update=lazy,
             tests=self.tests,
             replay_k=self.cfg.replay_k,
+            unconfigured=self.unconfigured,
         )
 
     def _end(self, rec: Recovery, state: RecoveryState, detail: str, **fields: Any) -> Recovery:
@@ -250,16 +262,23 @@ class RecoveryRunner:
 
     def _finish(self, rec: Recovery, plan: Plan) -> Recovery:
         now = self.clock()
+        skipped = _skips(plan)
         rec = self.store.transition(
             rec.decision_id,
             RecoveryState.SUCCEEDED,
             finished_ms=now,
             path=plan.path,
             next_level=plan.next_level,
-            detail=str(plan.detail) if plan.detail else "",
+            detail=_join(str(plan.detail) if plan.detail else "", skipped),
         )
         took = now - (rec.started_ms or now)
-        self._emit(rec, "recovery", ActionPhase.SUCCEEDED, duration_ms=took, detail=f"path={plan.path}")
+        self._emit(
+            rec,
+            "recovery",
+            ActionPhase.SUCCEEDED,
+            duration_ms=took,
+            detail=_join(f"path={plan.path}", skipped),
+        )
         log.info("recovery %s of job %s succeeded (%s) in %d ms", rec.decision_id, rec.job, plan.path, took)
         return rec
 
@@ -274,7 +293,7 @@ class RecoveryRunner:
         would leave it silently dead.  It is held instead, with an ERROR line and a ``held``
         action event that say what an operator must provide; ``trainguard actions release``
         then runs the step again (``cancel`` gives the job up)."""
-        needed = _NEEDED.get(step.kind, "fix the cause named in the error")
+        needed = _NEEDED.get(step.kind, "fix the cause named in the error").format(job=rec.job)
         policy = self.cfg.policy(step.kind.value)
         reason = (
             f"step {step.key} failed for good ({error}); needed: {needed}; then run "
@@ -293,6 +312,18 @@ class RecoveryRunner:
         self.metrics.held(guard, step)
         self._emit(rec, step if step != "plan" else "recovery", ActionPhase.HELD, detail=reason)
         return rec
+
+    def _record_skips(self, rec: Recovery, plan: Plan) -> None:
+        """Record (and log, once) each rung ``plan`` skipped as a ``skipped`` step of ``rec``."""
+        for rung, why in plan.skipped:
+            if self.store.step_skipped(rec.decision_id, rung, why, self.clock()):
+                log.warning(
+                    "recovery %s of job %s: %s skipped (%s); going on to the next rung",
+                    rec.decision_id,
+                    rec.job,
+                    rung,
+                    why,
+                )
 
     def _announce_done_steps(self, rec: Recovery) -> None:
         for key in self.store.unannounced(rec.decision_id):
@@ -431,15 +462,55 @@ class RecoveryRunner:
             return {"queued": update.version}, {}
         raise PermanentError(f"no handler for step kind {kind.value}")
 
+    def _pool(
+        self, rec: Recovery, spec: JobSpec, leaving: list[str], ctx: StepContext
+    ) -> tuple[JobSpec, list[str], dict[str, Any]]:
+        """The spec with the operator's offers in its pool, the standbys a swap of ``leaving`` may
+        take (never a machine evicted and not offered back since, nor one the job runs on), and
+        where they came from (for the step's result)."""
+        offered = [o["machine"] for o in self.store.pool_offers(rec.job)]
+        excluded = self.store.evicted_machines(rec.job)
+        active = set(machine_names(spec)) - set(leaving)
+        candidates = [m for m in dict.fromkeys([*spec.standbys, *offered]) if m not in active]
+        source: dict[str, Any] = {"from": "spec", "offered": offered}
+        probe = getattr(self.executor, "usable_machines", None)
+        if StepKind.SWAP_STANDBYS.value in rec.released and callable(probe):
+            # An operator released a swap that found no spare: the pool the recovery started with
+            # is stale (nodes resumed, drained or added since), so ask the cluster what it has now.
+            usable = list(dict.fromkeys(probe(spec, candidates, ctx)))
+            fit = set(usable) - active
+            source.update(
+                {"from": "executor", "usable": usable, "not_usable": [m for m in candidates if m not in fit]}
+            )
+            candidates = [m for m in dict.fromkeys([*candidates, *usable]) if m in fit]
+            spec = replace(spec, standbys=[m for m in candidates if m not in excluded])
+            log.info(
+                "recovery %s of job %s: the released swap takes its standbys from what %s reports "
+                "usable now: %s",
+                rec.decision_id,
+                rec.job,
+                self.executor.name,
+                spec.standbys,
+            )
+        else:
+            spec = refilled(spec, candidates, spec.ts_ms)
+        source["excluded"] = [m for m in candidates if m in excluded]
+        return spec, [m for m in candidates if m not in excluded], source
+
     def _swap(self, rec: Recovery, spec: JobSpec, machines: list[str], ctx: StepContext) -> dict[str, Any]:
-        evicted = self.store.evicted_machines(rec.job)
-        pool = [s for s in spec.standbys if s not in evicted]
+        spec, pool, source = self._pool(rec, spec, machines, ctx)
         ordered, ready = _ready_first(self.executor, spec, pool)
         new: list[str] = []
         if len(ordered) < len(machines):  # §6.2: not enough warm standbys -> provision only the shortfall
             short = len(machines) - len(ordered)
             new = placement.provision(self.cfg.placement, self.executor, spec, short, ctx, machines, ordered)
             spec = refilled(spec, new, spec.ts_ms)
+        if len(ordered) + len(new) < len(machines):  # retried: a standby may start or a node free up
+            evicted = sorted(self.store.evicted_machines(rec.job))
+            raise TemporaryError(
+                f"no spare machines for job {rec.job}: {len(machines)} to replace, standbys {ordered}, "
+                f"provisioned {new}; evicted machines stay out until returned: {evicted}"
+            )
         # Which standby takes which place: the fewest pods per DP/PP group (ready ones first).
         prefer = None if ready is None else ready | set(new)
         pick = placement.pick_standbys(
@@ -455,6 +526,7 @@ class RecoveryRunner:
             "replaced": machines,
             "provisioned": new,
             "placement": pick.result(self.cfg.placement.alpha, self.cfg.placement.beta),
+            "pool": source,
         }
 
     def _publish_spec(self, spec: JobSpec) -> None:
@@ -485,6 +557,24 @@ def _join(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def _skips(plan: Plan) -> str:
+    """``plan``'s skipped rungs as ``skipped replay (why)``, for the recovery's record and event."""
+    return _join(*(f"skipped {rung} ({why})" for rung, why in plan.skipped))
+
+
+def _unconfigured(executor: Executor) -> dict[str, str]:
+    """``executor.unconfigured()`` (optional): the methods it cannot perform as configured, and why."""
+    probe = getattr(executor, "unconfigured", None)
+    if not callable(probe):
+        return {}
+    gaps = {str(k): str(v) for k, v in dict(probe()).items()}
+    for method, why in sorted(gaps.items()):
+        log.warning(
+            "executor %s cannot %s (%s): recovery rungs needing it are skipped", executor.name, method, why
+        )
+    return gaps
+
+
 def _describe(step: Step, result: dict[str, Any]) -> str:
     if step.kind is StepKind.DIAGNOSE:
         return f"failed: {result['failed']}" if result["failed"] else "all tests passed"
@@ -509,8 +599,10 @@ _NEEDED: dict[StepKind, str] = {
     StepKind.REPLAY_VERTICAL: "machines to run the replay groups on",
     StepKind.EVICT: "evict (cordon and drain) the named machines by hand",
     StepKind.SWAP_STANDBYS: (
-        "ready standby machines for the evicted ones (start them, or add healthy machines to "
-        "the job's standby pool)"
+        "ready standby machines for the evicted ones: start them, resume or add nodes in the "
+        "cluster (the released swap asks it again), and put them into the job's pool with "
+        "`trainguard actions add-standby --job {job} NODE...` (a healthy node) or "
+        "`trainguard actions return-node --job {job} NODE...` (a repaired node it evicted)"
     ),
     StepKind.HOT_UPDATE: "a code version the executor can switch to",
     StepKind.RESTART: "the job restarted on healthy machines (the scheduler refused or failed)",

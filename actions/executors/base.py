@@ -96,7 +96,16 @@ class Executor(Protocol):
     cannot cover); for topology-aware swaps (:mod:`trainguard.actions.placement`),
     ``machine_positions(names) -> {name: MachinePosition}`` (where machines sit in the network),
     ``free_machines(job) -> list[str]`` and ``provision_standbys_on(job, machines, ctx)`` (start
-    standbys on the machines the planner picked)."""
+    standbys on the machines the planner picked).
+
+    Optional too, so that recoveries never dead-end: ``unconfigured() -> {method: why}``, the
+    methods of this protocol the executor cannot perform as configured (e.g. ``{"run_replay":
+    "executor_options.replay_command is empty"}``; the plans skip the rungs needing them,
+    :data:`trainguard.actions.plans.RUNG_NEEDS`); and ``usable_machines(spec, candidates, ctx) ->
+    list[str]``, the machines that could take a place in the job right now -- of ``candidates``
+    (the pool the service knows) and of whatever else the job's allocation holds -- asked when an
+    operator released a swap that found no spare machine, instead of the pool the recovery
+    started with."""
 
     name: str
     #: the stop-time tests :meth:`run_diagnostics` can run (``actions.diagnostics`` picks from these).

@@ -5,7 +5,9 @@ Every call is appended as one JSON line to ``record_file`` (default
 provisioned so far, code version) is rebuilt from that file on start, so a dry run survives a
 service restart like a real cluster would: evicting an already evicted machine is recorded as a
 no-op.  Options simulate the world for tests and rehearsals: step delays, machines failing
-stop-time tests, a silently corrupting (SDC) machine for replays, transient and permanent errors.
+stop-time tests, a silently corrupting (SDC) machine for replays, transient and permanent errors,
+a site without some configuration (``unconfigured``), the job's allocation; :meth:`resume`
+simulates an operator repairing evicted machines (``scontrol update State=RESUME``, uncordon).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ class DryRunConfig:
     free_nodes: list[str] = field(default_factory=list)
     #: simulated machine positions (what ``machine_positions`` reports, as node labels would).
     positions: dict[str, MachinePosition] = field(default_factory=dict)
+    #: methods to report as not configured (``unconfigured()``; calling them fails for good):
+    #: rehearses a site without, say, a replay command (``[run_replay]``).
+    unconfigured: list[str] = field(default_factory=list)
+    #: simulated machines of the jobs' allocation (what ``usable_machines`` reports, less the
+    #: evicted ones not resumed); empty: the spec's machines and standbys and the candidates.
+    allocation: list[str] = field(default_factory=list)
 
 
 class DryRunExecutor:
@@ -72,6 +80,8 @@ class DryRunExecutor:
         for rec in self.records():
             if rec["call"] == "evict":
                 self.evicted.update(rec["args"]["machines"])
+            elif rec["call"] == "resume":
+                self.evicted.difference_update(rec["args"]["machines"])
             elif rec["call"] == "provision_standbys":
                 self.provisioned += len(rec["result"])
                 self.taken.update(rec["result"])
@@ -83,6 +93,8 @@ class DryRunExecutor:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
     def _call(self, call: str, job: str, ctx: StepContext, args: dict[str, Any], result: Any = None) -> None:
+        if call in self.cfg.unconfigured:
+            raise PermanentError(f"dry run: {call} is not configured")
         if call in self.cfg.permanent_errors:
             raise PermanentError(f"dry run: {call} configured to fail permanently")
         if self._failures_left.get(call, 0) > 0:
@@ -107,6 +119,21 @@ class DryRunExecutor:
 
     def prepare(self) -> None:
         return None
+
+    def unconfigured(self) -> dict[str, str]:
+        return {m: "dry run: listed in unconfigured" for m in self.cfg.unconfigured}
+
+    def usable_machines(self, spec: JobSpec, candidates: list[str], ctx: StepContext) -> list[str]:
+        names = self.cfg.allocation or [*spec.topology.machines, *spec.standbys, *candidates]
+        usable = [n for n in dict.fromkeys(names) if n not in self.evicted]
+        self._call("usable_machines", spec.job, ctx, {"candidates": candidates}, usable)
+        return usable
+
+    def resume(self, machines: list[str], job: str = "") -> None:
+        """An operator repaired ``machines``: no longer drained (recorded, like every call)."""
+        ctx = StepContext("operator", "resume", 1, time.monotonic() + 60)
+        self._call("resume", job, ctx, {"machines": machines})
+        self.evicted.difference_update(machines)
 
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         self._call("stop", spec.job, ctx, {"machines": spec.topology.machines})

@@ -124,7 +124,7 @@ class KubernetesExecutorConfig:
     #: stop-time test name -> command (argv) run in a pod on each node; exit 0 = passed.
     diagnostic_commands: dict[str, list[str]] = field(default_factory=lambda: {"launch": ["true"]})
     #: replay command (argv) run in a pod per group (``TRAINGUARD_MACHINES`` = the group);
-    #: empty: replays go to an operator.
+    #: empty: the escalation ladder skips dual-phase replay (the job is restarted instead).
     replay_command: list[str] = field(default_factory=list)
     #: image of diagnostic and replay pods; empty: the pod template's first container's image.
     tools_image: str = ""
@@ -281,6 +281,24 @@ class KubernetesExecutor:
             )
         except (TemporaryError, PermanentError) as exc:
             log.warning("kubernetes executor: %s", exc)
+
+    def unconfigured(self) -> dict[str, str]:
+        """Protocol methods this configuration cannot perform, and the option to set."""
+        out = {}
+        if not self.cfg.replay_command:
+            out["run_replay"] = "executor_options.replay_command is empty"
+        if not self.cfg.diagnostic_commands:
+            out["run_diagnostics"] = "executor_options.diagnostic_commands is empty"
+        if not self.cfg.pod_template:
+            out["restart"] = "executor_options.pod_template is empty"
+        return out
+
+    def usable_machines(self, spec: JobSpec, candidates: list[str], ctx: StepContext) -> list[str]:
+        """Of the job's nodes and ``candidates``, those Ready, schedulable and untainted now (a
+        node an operator uncordoned and untainted is usable again)."""
+        usable = {n.metadata.name for n in self.nodes(ctx) if not self.usable(n)}
+        names = [*spec.topology.machines, *spec.standbys, *candidates]
+        return [n for n in dict.fromkeys(names) if n in usable]
 
     def _remember(self, spec: JobSpec) -> None:
         """Record the job's latest machines and standbys: a new standby never goes to one of them."""
@@ -587,7 +605,7 @@ class KubernetesExecutor:
 
     def run_replay(self, spec: JobSpec, groups: list[list[str]], ctx: StepContext) -> list[bool]:
         if not self.cfg.replay_command:
-            raise PermanentError("kubernetes: no replay_command configured: replays go to an operator")
+            raise PermanentError("kubernetes: no replay_command configured")
         runs = [
             (f"tg-replay-{ctx.op_id[:10]}-{i}", g, self.cfg.replay_command, REPLAY)
             for i, g in enumerate(groups)

@@ -122,7 +122,8 @@ class SlurmExecutorConfig:
     keep_steps: list[str] = field(default_factory=lambda: ["tg-exporter"])
     #: stop-time test name -> command (argv) run on each node as a step; exit 0 = passed.
     diagnostic_commands: dict[str, list[str]] = field(default_factory=lambda: {"launch": ["true"]})
-    #: replay command (argv) run on each replay group as a step; empty: replays go to an operator.
+    #: replay command (argv) run on each replay group as a step; empty: the escalation ladder
+    #: skips dual-phase replay (the job is restarted instead).
     replay_command: list[str] = field(default_factory=list)
     #: file holding the job's code version (``{job}`` replaced; read by the ranks' launcher);
     #: empty: ``<state dir>/slurm/<job>/code_version``.
@@ -438,6 +439,26 @@ class SlurmExecutor:
             self._save(spec.job, data)
 
     # -- the protocol -----------------------------------------------------------------------
+    def unconfigured(self) -> dict[str, str]:
+        """Protocol methods this configuration cannot perform, and the option to set."""
+        out = {}
+        if not self.cfg.replay_command:
+            out["run_replay"] = "executor_options.replay_command is empty"
+        if not self.cfg.diagnostic_commands:
+            out["run_diagnostics"] = "executor_options.diagnostic_commands is empty"
+        if not self.cfg.step_command:
+            out["restart"] = "executor_options.step_command is empty"
+        return out
+
+    def usable_machines(self, spec: JobSpec, candidates: list[str], ctx: StepContext) -> list[str]:
+        """The nodes of the job's allocation that Slurm reports usable now (neither drained nor
+        down), in allocation order; ``candidates`` outside the allocation are not usable (a
+        standby must be a node of the allocation)."""
+        alloc = self.allocation(spec.job, ctx)
+        info = self.nodes(alloc.nodes, ctx)
+        bad = self.unusable(info)
+        return [n for n in alloc.nodes if n in info and n not in bad]
+
     def prepare(self) -> None:
         try:
             self.run(["scontrol", "ping"], _ctx("prepare", self.cfg.command_timeout_s))
@@ -902,7 +923,7 @@ class SlurmExecutor:
 
     def run_replay(self, spec: JobSpec, groups: list[list[str]], ctx: StepContext) -> list[bool]:
         if not self.cfg.replay_command:
-            raise PermanentError("no replay_command configured for the slurm executor: an operator decides")
+            raise PermanentError("no replay_command configured for the slurm executor")
         alloc = self.allocation(spec.job, ctx)
         outside = sorted({m for g in groups for m in g if m not in alloc.nodes})
         if outside:

@@ -54,3 +54,33 @@ def test_the_stack_waits_out_the_heartbeat_taints_only() -> None:
         ["trainguard.io/evicted=dec-1:NoExecute", "node.kubernetes.io/unschedulable=:NoSchedule"]
     )
     assert not _heartbeat_tainted([])
+
+
+class Nodes(KubernetesExecutor):
+    """The executor over a fixed list of node objects (what ``list_node`` would return)."""
+
+    def __init__(self, nodes: dict[str, Any]) -> None:
+        self._nodes = nodes
+        for name, n in nodes.items():
+            n.metadata = SimpleNamespace(name=name)
+
+    def nodes(self, ctx: Any = None) -> list[Any]:
+        return list(self._nodes.values())
+
+
+def test_usable_machines_are_the_jobs_nodes_and_candidates_that_take_pods_now() -> None:
+    from trainguard.schemas.control import JobSpec
+    from trainguard.schemas.topology import JobTopology
+
+    ex = Nodes(
+        {
+            "a": node(),
+            "b": node(cordoned=True, taints=(EVICTED,)),  # evicted, not repaired
+            "c": node(),  # the job's standby
+            "d": node(),  # an uncordoned node an operator offers
+            "e": node(),  # somebody else's: not asked about
+        }
+    )
+    topo = JobTopology(job="j", ranks_per_machine=1, dp=2, machines=["a", "b"])
+    spec = JobSpec(job="j", ts_ms=1, topology=topo, standbys=["c"])
+    assert ex.usable_machines(spec, ["d", "gone"], None) == ["a", "c", "d"]  # type: ignore[arg-type]

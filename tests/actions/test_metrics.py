@@ -103,7 +103,7 @@ HOLDS: list[tuple[str, Action, str, dict[str, Any], DryRunConfig | None]] = [
     ("blast_radius", Action.EVICT, "evict", {"max_evictions_per_job_hour": 1}, None),
     ("restart_budget", Action.RESTART, "stop", {"max_restarts": 0}, None),
     ("step_failed", Action.EVICT, "evict", {}, DryRunConfig(permanent_errors=["evict"])),
-    ("plan", Action.ROLLBACK, "plan", {}, None),  # nothing to roll back to: the plan holds
+    ("plan", Action.DIAGNOSE, "plan", {}, None),  # the ladder is spent: the plan holds
 ]
 
 
@@ -113,6 +113,12 @@ def test_each_hold_is_counted_by_guard_and_the_store_reports_it_held(
 ) -> None:
     job = "job-h"
     runner, store, m = runner_for(tmp_path, job_spec(job), dry_run, **cfg)
+    if guard == "plan":  # a recovery just ended at the ladder's last rung: the next crash needs an operator
+        spent = make_decision(job, Action.DIAGNOSE)
+        assert store.accept(spent, spent.ts_ms - 10)
+        store.transition(
+            spent.decision_id, RecoveryState.SUCCEEDED, finished_ms=spent.ts_ms - 5, next_level=3
+        )
     d = make_decision(job, action, [f"{job}-n0", f"{job}-n1"] if action is Action.EVICT else None)
     assert store.accept(d, d.ts_ms)
     rec = runner.run(d.decision_id)

@@ -308,3 +308,18 @@ def test_diagnostics_and_replay_run_as_steps(job: TrainingJob) -> None:
 def test_slurm_binaries_are_there() -> None:
     # The suite needs a Slurm client; missing binaries fail with the setup hint (not skipped).
     assert shutil.which("srun") and shutil.which("scontrol"), "run scripts/setup.sh (slurm-wlm)"
+
+
+def test_usable_machines_are_the_allocations_nodes_slurm_does_not_drain(job: TrainingJob) -> None:
+    """What a released swap re-plans with: the allocation as Slurm sees it now, not the spec."""
+    ex, s = job.executor, spec(job.name, ACTIVE, [])  # the spec does not list the spare n4
+    assert ex.usable_machines(s, [], ctx("swap_standbys")) == ["n1", "n2", "n3", "n4"]
+    ex.evict(s, ["n2"], ctx("evict"))
+    # n6 is no node of the job's allocation: no standby of it either
+    assert ex.usable_machines(s, ["n6"], ctx("swap_standbys")) == ["n1", "n3", "n4"]
+    job.cluster.run("scontrol", "update", "NodeName=n2", "State=RESUME")  # an operator repaired it
+    wait_until(
+        lambda: ex.usable_machines(s, [], ctx("swap_standbys")) == ["n1", "n2", "n3", "n4"],
+        10,
+        "n2 usable again once resumed",
+    )

@@ -82,9 +82,17 @@ def test_lazy_update_rides_along_but_not_with_a_rollback() -> None:
     walk(rollback)
 
 
-def test_rollback_without_history_holds_for_an_operator() -> None:
+def test_rollback_without_history_restarts_in_place_and_says_why() -> None:
     plan = build_plan(decision(Action.ROLLBACK), PlanContext(machines=MACHINES), {})
-    assert plan.hold and not plan.steps
+    assert not plan.hold and keys(plan) == ["stop", "restart"]
+    assert plan.skipped == (("rollback", "no earlier code version is recorded for this job to roll back to"),)
+    assert plan.path == "rollback" and plan.next_level == Escalation.REPLAY
+    walk(plan)
+    # An executor that cannot switch versions cannot roll back either.
+    ctx = PlanContext(machines=MACHINES, rollback_target="v1", unconfigured={"hot_update": "no command"})
+    cannot = build_plan(decision(Action.ROLLBACK), ctx, {})
+    assert keys(cannot) == ["stop", "restart"]
+    assert cannot.skipped == (("rollback", "the executor cannot hot_update: no command"),)
 
 
 def test_code_updates_urgent_now_lazy_queued() -> None:
@@ -148,10 +156,59 @@ def test_diagnose_skips_rollback_without_code_history_and_replays() -> None:
     assert "did not isolate" in ambiguous.hold
 
 
-def test_replay_impossible_layout_holds() -> None:
+def test_replay_impossible_layout_restarts_instead_of_holding() -> None:
     ctx = PlanContext(machines=MACHINES[:3], pp=2, level=Escalation.REPLAY)
     plan = build_plan(decision(Action.DIAGNOSE), ctx, {"stop": {}, "diagnose": {"failed": []}})
-    assert "impossible" in plan.hold
+    assert not plan.hold and keys(plan) == ["stop", "diagnose", "restart"]
+    [(rung, why)] = plan.skipped
+    assert rung == "replay" and why.startswith("dual-phase replay impossible: 3 machines")
+    walk(plan)
+
+
+def test_replay_without_a_replay_command_restarts_and_the_next_crash_goes_to_an_operator() -> None:
+    """The documented Slurm config has no replay_command: the replay rung is skipped, not held."""
+    gaps = {"run_replay": "executor_options.replay_command is empty"}
+    ctx = PlanContext(
+        machines=MACHINES, pp=2, level=Escalation.ROLLBACK, unconfigured=gaps, pending_update="v9"
+    )
+    passed: dict[str, Any] = {"stop": {}, "diagnose": {"failed": []}}
+    plan = build_plan(decision(Action.DIAGNOSE), ctx, passed)
+    # no code history -> rollback skipped -> replay skipped -> restart (no new code, as a replay's)
+    assert not plan.hold and plan.complete and keys(plan) == ["stop", "diagnose", "restart"]
+    assert plan.skipped == (
+        ("rollback", "no earlier code version is recorded for this job to roll back to"),
+        ("replay", "the executor cannot run_replay: executor_options.replay_command is empty"),
+    )
+    assert plan.path == "replay" and plan.next_level == Escalation.OPERATOR
+    assert not [s for s in plan.steps if s.kind in (StepKind.REPLAY_HORIZONTAL, StepKind.REPLAY_VERTICAL)]
+    walk(plan)
+    # With the command, the same context replays.
+    configured = PlanContext(**{**ctx.__dict__, "unconfigured": {}})
+    assert keys(build_plan(decision(Action.DIAGNOSE), configured, passed))[2:] == [
+        "replay_horizontal",
+        "replay_vertical",
+    ]
+
+
+def test_diagnose_without_stop_time_tests_skips_to_the_escalation_rung() -> None:
+    for ctx, why in (
+        (PlanContext(machines=MACHINES, tests=()), "no stop-time tests are configured"),
+        (
+            PlanContext(machines=MACHINES, unconfigured={"run_diagnostics": "no commands"}),
+            "the executor cannot run_diagnostics: no commands",
+        ),
+    ):
+        plan = build_plan(decision(Action.DIAGNOSE), ctx, {})
+        assert keys(plan) == ["stop", "restart"] and plan.path == "reattempt" and plan.complete
+        assert plan.skipped == (("diagnose", why),)
+        walk(plan)
+
+
+def test_plan_context_round_trips_and_reads_contexts_stored_before_skipping() -> None:
+    ctx = PlanContext(machines=MACHINES, unconfigured={"run_replay": "no command"})
+    assert PlanContext.from_json(ctx.to_json()) == ctx
+    old = {k: v for k, v in ctx.to_json().items() if k != "unconfigured"}
+    assert PlanContext.from_json(old).unconfigured == {}
 
 
 @given(
@@ -161,11 +218,19 @@ def test_replay_impossible_layout_holds() -> None:
     pending=st.sampled_from(["", "v9"]),
     target=st.sampled_from(["", "v0"]),
     sdc=st.integers(0, 7),
+    gaps=st.sampled_from([{}, {"run_replay": "x"}, {"run_diagnostics": "x", "hot_update": "y"}]),
 )
 def test_every_plan_is_a_legal_state_walk(
-    action: Action, level: int, failed: list[str], pending: str, target: str, sdc: int
+    action: Action, level: int, failed: list[str], pending: str, target: str, sdc: int, gaps: dict[str, str]
 ) -> None:
-    ctx = PlanContext(machines=MACHINES, pp=2, level=level, pending_update=pending, rollback_target=target)
+    ctx = PlanContext(
+        machines=MACHINES,
+        pp=2,
+        level=level,
+        pending_update=pending,
+        rollback_target=target,
+        unconfigured=gaps,
+    )
     d = decision(action, ["n2"], code_update={"version": "v5", "urgent": level % 2 == 0})
     results: dict[str, object] = {"stop": {}, "diagnose": {"failed": failed}}
     results["replay_horizontal"] = {"ok": [g != sdc // 2 for g in range(4)]}
@@ -175,3 +240,5 @@ def test_every_plan_is_a_legal_state_walk(
         walk(plan)
         assert plan.complete
         assert len({s.key for s in plan.steps}) == len(plan.steps)  # keys identify steps
+    # a skipped rung never runs, and its record never collides with a step's
+    assert not {r for r, _ in plan.skipped} & {s.key for s in plan.steps}

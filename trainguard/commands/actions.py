@@ -3,6 +3,10 @@
 * ``trainguard actions [run]`` -- consume decisions and drive recoveries (until SIGINT/SIGTERM);
 * ``trainguard actions status [--job J] [--json]`` -- recent recoveries, their states and steps;
 * ``trainguard actions release ID`` / ``cancel ID`` -- let a held recovery go on, or drop it;
+* ``trainguard actions add-standby --job J NODE...`` -- put healthy nodes into the job's standby
+  pool; ``return-node --job J NODE...`` -- give nodes the job evicted back to it once repaired (a
+  swap never takes an evicted node otherwise).  Both write the service's state store, as
+  ``release`` does; a recovery held for want of a spare takes them once released;
 * ``trainguard actions code-update --job J --version V [--urgent] [--previous P]`` -- request a
   code change (a restart decision on the decisions topic: urgent now, otherwise at the next
   recovery, forced after ``lazy_update_max_wait_s``);
@@ -164,6 +168,59 @@ def release(ctx: click.Context, decision_id: str) -> None:
     finally:
         store.close()
     click.echo(f"{decision_id}: released, continues in state {rec.state.value}")
+
+
+def _offer(ctx: click.Context, job: str, nodes: tuple[str, ...], kind: str) -> None:
+    """Put ``nodes`` into ``job``'s standby pool as ``kind`` (see :func:`offer_problems`)."""
+    import getpass
+
+    from trainguard.actions.standby import offer_problems
+    from trainguard.actions.state import RecoveryState
+
+    names = list(dict.fromkeys(nodes))
+    store = _store(ctx)
+    try:
+        problems = offer_problems(job, store.spec(job), names, store.evicted_machines(job), kind)
+        if problems:
+            raise click.ClickException("; ".join(problems))
+        store.offer_machines(job, names, kind, getpass.getuser(), now_ms())
+        held = [r for r in store.recoveries(job, limit=100) if r.state is RecoveryState.HELD]
+    finally:
+        store.close()
+    what = "back in" if kind == "returned" else "in"
+    click.echo(f"{' '.join(names)}: {what} the standby pool of job {job}")
+    for r in held:
+        click.echo(
+            f"  recovery {r.decision_id} is held at {r.held_step}; "
+            f"`trainguard actions release {r.decision_id}` lets it go on",
+            err=True,
+        )
+
+
+@actions.command("add-standby")
+@click.option("--job", required=True, help="The job whose standby pool gets the nodes.")
+@click.argument("nodes", nargs=-1, required=True)
+@click.pass_context
+@friendly_errors
+def add_standby(ctx: click.Context, job: str, nodes: tuple[str, ...]) -> None:
+    """Put healthy NODES into a job's standby pool: the next swap may take them.
+
+    A node the job evicted is refused here (use return-node once it is repaired); on Slurm a
+    standby must be a node of the job's allocation."""
+    _offer(ctx, job, nodes, "standby")
+
+
+@actions.command("return-node")
+@click.option("--job", required=True, help="The job that evicted the nodes.")
+@click.argument("nodes", nargs=-1, required=True)
+@click.pass_context
+@friendly_errors
+def return_node(ctx: click.Context, job: str, nodes: tuple[str, ...]) -> None:
+    """Give NODES the job evicted back to its standby pool, once repaired.
+
+    The action service never takes an evicted node again until it is returned (and excludes it
+    again if it is evicted again).  Resume or uncordon it in the cluster too."""
+    _offer(ctx, job, nodes, "returned")
 
 
 @actions.command("cancel")
