@@ -42,6 +42,22 @@ DEFAULT_STEP_POLICIES: dict[str, StepPolicy] = {
 
 
 @dataclass(frozen=True)
+class BreakerConfig:
+    """The circuit breaker on evictions (:func:`trainguard.actions.guard.breaker_trip`): evictions
+    of one cause (the same detection kind and category) asking, within ``window_s`` of each other,
+    for at least ``machine_share`` of a job's machines and at least ``min_machines`` of them
+    suspect the detector or the environment, not the machines; they wait for an operator."""
+
+    #: evictions of one cause whose faults (event time) lie within this long count together;
+    #: 0 turns the breaker off.
+    window_s: float = field(default=60.0, metadata=bounds(0, 86_400))
+    #: the share of the job's machines those evictions must ask for to trip it.
+    machine_share: float = field(default=0.5, metadata=bounds(0, 1))
+    #: and at least this many machines (a small job's two machines are not "most of a cluster").
+    min_machines: int = field(default=3, metadata=bounds(2, 1_000_000))
+
+
+@dataclass(frozen=True)
 class ActionsConfig:
     """The action service: consumer group, state, safety limits, standbys, diagnostics, executor."""
 
@@ -82,12 +98,16 @@ class ActionsConfig:
     max_evictions_per_job_hour: int = field(default=8, metadata=bounds(0, 1_000_000))
     #: the same across every job this service manages.
     max_evictions_per_hour: int = field(default=32, metadata=bounds(0, 1_000_000))
+    #: circuit breaker: a burst of evictions of one cause over most of a job's machines waits
+    #: for an operator (the blast-radius caps count machines, not causes).
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
     #: restart budget: restarts of one job within ``restart_window_s``; more is a live-lock.
     max_restarts: int = field(default=6, metadata=bounds(0, 1_000_000))
     restart_window_s: float = field(default=3600.0, metadata=bounds(1, 30 * 86_400))
 
     # --- escalation (ByteRobust §4.2: diagnose -> reattempt -> rollback -> dual-phase replay) --
-    #: a crash within this long after a finished recovery counts as "it fails again".
+    #: a crash within this long after a finished recovery of the same cause (its detection's
+    #: category), or after a code update, counts as "it fails again" and climbs a rung.
     escalation_window_s: float = field(default=1800.0, metadata=bounds(0, 30 * 86_400))
     #: stop-time tests run for a crash or NaN without a culprit; None: every test the executor
     #: declares (``Executor.diagnostic_tests``), ``[]``: none.  A test the executor cannot run is

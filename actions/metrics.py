@@ -26,9 +26,10 @@ from trainguard.actions.state import TERMINAL, RecoveryState
 
 log = logging.getLogger(__name__)
 
-#: why a recovery waits for an operator: the blast-radius cap on evictions, the restart budget, a
-#: step that failed for good, the plan itself (e.g. nothing left to try).
-GUARDS = ("blast_radius", "restart_budget", "step_failed", "plan")
+#: why a recovery waits for an operator: the blast-radius cap on evictions, the circuit breaker (a
+#: burst of evictions of one cause), the restart budget, a step that failed for good, the plan
+#: itself (e.g. nothing left to try).
+GUARDS = ("blast_radius", "breaker", "restart_budget", "step_failed", "plan")
 #: why a decision was dead-lettered instead of acted on: undecodable, a failed signature, dated
 #: too far in the past or future, failed when recorded.
 REJECT_REASONS = ("decode", "auth", "badly_dated", "invalid")

@@ -12,7 +12,8 @@ Tables:
 * ``recoveries`` -- one row per decision id (the idempotency key): decision, state, the plan
   context frozen at start, path, timings, hold reason;
 * ``steps`` -- (decision id, step key) -> attempts, status, result, whether its events were sent;
-* ``evictions`` / ``restarts`` -- logs read by the blast-radius guard and the restart budget;
+* ``evictions`` / ``restarts`` -- logs read by the blast-radius guard and the restart budget (the
+  circuit breaker reads the evict decisions in ``recoveries``);
 * ``code_changes`` -- every code version change per job (baseline, updates, rollbacks), pending
   lazy updates included: traceable and reproducible (§6.1);
 * ``specs`` -- the latest JobSpec per job seen on the jobs topic or published by the service;
@@ -36,6 +37,7 @@ from typing import Any
 from trainguard.actions.state import TERMINAL, RecoveryState, check_transition
 from trainguard.schemas.codec import decode, encode
 from trainguard.schemas.control import Decision, JobSpec
+from trainguard.schemas.enums import Action
 
 log = logging.getLogger(__name__)
 
@@ -569,14 +571,35 @@ class ProgressStore:
         rows = self._rows("SELECT COUNT(*) AS n FROM restarts WHERE job = ? AND ts_ms >= ?", (job, since_ms))
         return int(rows[0]["n"])
 
-    def last_finished(self, job: str, before_seq: int) -> Recovery | None:
-        """The job's latest finished recovery that shapes escalation (accepted before ``before_seq``)."""
+    def last_finished(
+        self,
+        job: str,
+        before_seq: int,
+        since_ms: int | None = None,
+        shapes: Callable[[Recovery], bool] | None = None,
+    ) -> Recovery | None:
+        """The job's latest finished recovery that shapes escalation: accepted before
+        ``before_seq``, finished at or after ``since_ms`` (if given), and one ``shapes`` takes
+        (if given: the recovery runner's "same cause")."""
+        sql = "SELECT * FROM recoveries WHERE job = ? AND seq < ? AND state = ? AND next_level IS NOT NULL"
+        args: tuple[Any, ...] = (job, before_seq, RecoveryState.SUCCEEDED.value)
+        if since_ms is not None:
+            sql, args = sql + " AND finished_ms >= ?", (*args, since_ms)
+        rows = self._rows(sql + " ORDER BY finished_ms DESC", args)
+        for r in rows:
+            rec = self._recovery(r)
+            if shapes is None or shapes(rec):
+                return rec
+        return None
+
+    def evictions_asked(self, job: str, since_ms: int) -> list[Recovery]:
+        """The job's recoveries of ``evict`` decisions accepted at or after ``since_ms``, whatever
+        their state (the circuit breaker weighs what was asked, done or not)."""
         rows = self._rows(
-            "SELECT * FROM recoveries WHERE job = ? AND seq < ? AND state = ? AND next_level IS NOT NULL"
-            " ORDER BY finished_ms DESC LIMIT 1",
-            (job, before_seq, RecoveryState.SUCCEEDED.value),
+            "SELECT * FROM recoveries WHERE job = ? AND action = ? AND accepted_ms >= ? ORDER BY seq",
+            (job, Action.EVICT.value, since_ms),
         )
-        return self._recovery(rows[0]) if rows else None
+        return [self._recovery(r) for r in rows]
 
     # --- code versions ---------------------------------------------------------------------------
 

@@ -150,6 +150,16 @@ class RecoveryRunner:
             if state is not rec.state and state is not RecoveryState.PENDING:
                 rec = self.store.transition(decision_id, state)
             if step.kind is StepKind.EVICT and StepKind.EVICT.value not in rec.released:
+                # Checked again here, not only at the start: the rest of a burst may have come in
+                # while this recovery stopped the job.  Released at its start, it was an operator's
+                # call already.
+                if plan.steps[0].key not in rec.released:
+                    spec = self._spec_now(rec, results)
+                    reason = guard.breaker_hold(
+                        self.cfg, self.store, rec, step.machines, spec.topology.num_machines
+                    )
+                    if reason:
+                        return self._hold(rec, reason, step.key, "breaker")
                 reason = guard.eviction_hold(
                     self.cfg, self.store, rec.decision_id, rec.job, list(step.machines), self.clock()
                 )
@@ -194,10 +204,19 @@ class RecoveryRunner:
             rec.decision_id, rec.state, context=context, started_ms=now, path=plan.path
         )
         self._emit(rec, "recovery", ActionPhase.STARTED, detail=f"path={plan.path} level={ctx.level}")
-        if any(s.kind is StepKind.RESTART for s in plan.steps) and plan.steps[0].key not in rec.released:
-            reason = guard.restart_hold(self.cfg, self.store, rec.job, now)
-            if reason:
-                return self._hold(rec, reason, plan.steps[0].key, "restart_budget")
+        # Before the job is stopped: a burst the breaker holds leaves the job training.  Both
+        # guards are asked, so one release answers every reason to hold at this step.
+        holds: list[tuple[str, str]] = []
+        first = plan.steps[0].key if plan.steps else ""
+        evict = next((s for s in plan.steps if s.kind is StepKind.EVICT), None)
+        if evict is not None and first not in rec.released:
+            size = spec.topology.num_machines
+            holds.append(("breaker", guard.breaker_hold(self.cfg, self.store, rec, evict.machines, size)))
+        if any(s.kind is StepKind.RESTART for s in plan.steps) and first not in rec.released:
+            holds.append(("restart_budget", guard.restart_hold(self.cfg, self.store, rec.job, now)))
+        holds = [(which, why) for which, why in holds if why]
+        if holds:
+            return self._hold(rec, "; ".join(why for _, why in holds), first, holds[0][0])
         return rec
 
     def _running_when_accepted(self, rec: Recovery, rollback: bool = False) -> str | None:
@@ -227,15 +246,19 @@ class RecoveryRunner:
             time.sleep(0.2)
 
     def _context(self, rec: Recovery, spec: JobSpec, update: CodeUpdate | None) -> PlanContext:
+        """What ``rec``'s plan depends on.  Its escalation rung comes from the latest recovery
+        of the same cause (detection category) that finished within ``escalation_window_s``, or
+        of a code update (a crash right after one points at the code): a crash after an
+        unrelated recovery -- an Xid eviction -- is a first incident, at the first rung."""
         level = 0
-        last = self.store.last_finished(rec.job, rec.seq)
-        window_ms = int(self.cfg.escalation_window_s * 1000)
-        if (
-            last is not None
-            and last.finished_ms is not None
-            and last.next_level is not None
-            and rec.accepted_ms - last.finished_ms <= window_ms
-        ):
+        cause = _category(rec.decision)
+        last = self.store.last_finished(
+            rec.job,
+            rec.seq,
+            since_ms=rec.accepted_ms - int(self.cfg.escalation_window_s * 1000),
+            shapes=lambda other: other.path == "update" or _category(other.decision) == cause,
+        )
+        if last is not None and last.next_level is not None:
             level = last.next_level
         stack = self.store.version_stack(rec.job)
         pending = self.store.pending_updates(rec.job)

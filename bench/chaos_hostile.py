@@ -404,7 +404,7 @@ def forged_control(stack: ChaosStack, size: Size) -> Result:
         command_id=unique("k0"),
         ts_ms=now_ms(),
         kind=CommandKind.SET_THRESHOLD,
-        args={"path": "decide.dedup_window_s", "value": 300.0, "app_id": worker.app_id},
+        args={"path": "decide.incident_max_s", "value": 300.0, "app_id": worker.app_id},
     )
     originals[CONTROL.name] = _signed(operator, CONTROL, k0)
     k0_at = send(CONTROL, *originals[CONTROL.name])
@@ -437,7 +437,9 @@ def forged_control(stack: ChaosStack, size: Size) -> Result:
             command_id=unique("forged"),
             ts_ms=ts,
             kind=CommandKind.SET_THRESHOLD,
-            args={"path": "decide.dedup_window_s", "value": 0.0, "app_id": worker.app_id},
+            # Both together would make the probe's repeated Xid two decisions: a forger who got
+            # both through shows in it.
+            args={"path": _INCIDENT_PATHS[(i // 4) % 2], "value": 0.0, "app_id": worker.app_id},
         )
 
     wrong_role = {DECISIONS.name: None, JOBS.name: "worker", COMMANDS.name: "actions", CONTROL.name: "worker"}
@@ -581,8 +583,12 @@ def _exporter_command(
         group.close()
 
 
+#: what a forged control command tries to turn off (the probe below shows it if both got through).
+_INCIDENT_PATHS = ("decide.incident_max_s", "decide.settle_s")
+
+
 def _dedup_probe(stack: ChaosStack, job: str) -> int:
-    """The same Xid on one node twice, 1 s apart: decisions made (1 while de-duplication holds)."""
+    """The same Xid on one node twice, 1 s apart: decisions made (1 while they are one incident)."""
     from trainguard.schemas.topics import DECISIONS as DEC
 
     reader = TopicReader(stack, [DEC])

@@ -10,7 +10,7 @@ stage        key    state
 inspection   node   rule count windows ("2 NIC flaps in 5 minutes"), GPU/NIC counter baselines
 training     job    the job monitor: step progress per rank (stall, stopped job), loss/grad
                     history (spikes), MFU baseline, exits, what was already reported
-decide       job    the de-duplication window (the same fault again decides nothing new)
+decide       job    the open incidents (a repeat while its recovery works decides nothing new)
 aggregation  job    the capture cooldown and pending captures (their dumps are asked for again)
 ===========  =====  ===============================================================================
 
@@ -71,7 +71,7 @@ class PathState:
         if stage == TRAINING:
             return set(p.monitors)
         if stage == DECIDE:
-            return {str(k[0]) for k, _ in p.policy._last.items()}
+            return p.policy.jobs()
         if stage == AGGREGATION:
             return set(p.captures.last_capture_ms) | {c.job for c in p.captures.pending.values()}
         raise ValueError(f"{stage!r} keeps no state")
@@ -132,7 +132,7 @@ class PathState:
             p.reconfigure(p.config)  # the worker's current thresholds, not the stored ones
         elif stage == DECIDE:
             _expect(data, list)
-            p.policy.restore_entries(key, [(k, ms) for k, ms in data])
+            p.policy.restore_entries(key, data)
         elif stage == AGGREGATION:
             _expect(data, dict)
             return self._restore_captures(key, data, now_ms)

@@ -16,7 +16,7 @@ consume its topic (:data:`~trainguard.detectors.routing.INPUTS`), as Kafka does 
   are filed under the job's pending capture (there is one capture per job at a time).
 
 State from before the recording that shapes what happens in it -- the decisions already made,
-which de-duplicate repeats, and the last capture's time (cooldown) -- is passed in as ``prior``
+whose incidents merge repeats, and the last capture's time (cooldown) -- is passed in as ``prior``
 decisions.  Differences from the live worker, on purpose: the clock is the records' own
 timestamps (the Kafka record time, when the event reached the broker), not the wall clock, so
 the worker's processing lag is not replayed; timers fire at every multiple of their interval
@@ -218,7 +218,7 @@ def replay_events(
 ) -> ReplayResult:
     """Run ``(ts_ms, event)`` pairs (time order) through the offline pipeline; detections and decisions.
 
-    ``prior``: the worker's decisions from before the recording (de-duplication window and capture
+    ``prior``: the worker's decisions from before the recording (their open incidents and the capture
     cooldown), so the replay continues where the live worker was rather than from a blank state.
     """
     events = list(events)

@@ -14,7 +14,9 @@ training       steps, exits                         one job monitor per job (exi
                                                     stall/straggler/stopped-job checks on a timer,
                                                     the last against the action events (every
                                                     worker follows them: :meth:`on_action`)
-decide         detections                           decision policy; a node-less eviction is
+decide         detections                           decision policy, one decision per incident
+                                                    (a recovery's end, from the action events,
+                                                    ends its incident); a node-less eviction is
                                                     localised with the job's topology
 aggregation    decisions, stack dumps               an ``aggregate`` decision opens a stack capture
                                                     (a command per machine); dumps are filed; due
@@ -43,7 +45,7 @@ from trainguard.detectors.node_anomaly import NodeAnomalyScorer
 from trainguard.detectors.node_inspector import HostThresholds, NodeInspector
 from trainguard.detectors.stopped_job import RecoveryStatus
 from trainguard.schemas.base import Event
-from trainguard.schemas.control import ActionEvent, Command, Decision, Detection, JobSpec
+from trainguard.schemas.control import ActionEvent, ActionPhase, Command, Decision, Detection, JobSpec
 from trainguard.schemas.enums import Action
 from trainguard.schemas.telemetry import GpuSampleBatch
 from trainguard.schemas.topics import (
@@ -202,20 +204,23 @@ class DetectionPath:
         return out
 
     def on_action(self, ev: ActionEvent) -> None:
-        """Record what the action service did for a job (the stopped-job detector's context)."""
+        """Record what the action service did for a job: the stopped-job detector's context, and
+        the end of a recovery ends its incident (the next fault of its kind decides anew)."""
         status = self.recoveries.setdefault(ev.job, RecoveryStatus())
         status.observe(ev.decision_id, ev.step, ev.phase.value, ev.ts_ms / 1000)
+        if ev.step == "recovery" and ev.phase in (ActionPhase.SUCCEEDED, ActionPhase.FAILED):
+            self.policy.recovery_ended(ev.job, ev.decision_id, succeeded=ev.phase is ActionPhase.SUCCEEDED)
 
     # -- decide: detections -> decisions --------------------------------------------------------
 
     def decide(self, det: Detection, now_ms: int, topology: JobTopology | None = None) -> Decision | None:
-        """The decision for ``det`` (None: recorded only, or de-duplicated).
+        """The decision for ``det`` (None: recorded only, or merged into an open incident).
 
         ``topology`` is needed only where :func:`needs_topology` says so."""
         return self.policy.decide(det, now_ms, topology if needs_topology(det) else None)
 
     def remember(self, dec: Decision) -> None:
-        """Take ``dec``, decided before this path started, as decided (dedup window, capture cooldown)."""
+        """Take ``dec``, decided before this path started, as decided (its incident, capture cooldown)."""
         self.policy.remember(dec)
         if dec.action is Action.AGGREGATE:
             last = self.captures.last_capture_ms.get(dec.job, dec.ts_ms)

@@ -40,7 +40,7 @@ class WorkerConfig:
     heartbeat_interval_s: float = field(default=2.0, metadata=bounds(0.1, 60))
     #: how often per-job time-based checks (stall, stragglers) run.
     check_interval_s: float = field(default=2.0, metadata=bounds(0.1, 600))
-    #: keep detector state (rule windows, dedup windows, job monitors, captures) in changelog topics
+    #: keep detector state (rule windows, open incidents, job monitors, captures) in changelog topics
     #: (``<app_id>-state-<stage>-changelog``) so a restart or a rebalance does not forget it.
     state_enabled: bool = True
     #: a key's changed state is written at most this often (a job's monitor changes every step).

@@ -232,8 +232,10 @@ class Demo:
                     "fail_slow_interval_s": 2.0,
                 },
                 # Duplicates of one incident (every rank reporting the same NaN or crash) arrive
-                # within seconds; the next incident of the same kind may come a minute later.
-                "decide": {"dedup_window_s": 20.0},
+                # within seconds (settle_s, 20 s by default); the next incident of the same kind
+                # may come a minute later, so one whose recovery's end is not heard is over after
+                # 20 s too.
+                "decide": {"incident_max_s": 20.0},
                 # Every demo "machine" shares this host's CPUs: its load says nothing about one machine.
                 "host": {"cpu_overload_action": "ignore"},
             },

@@ -1,4 +1,9 @@
-"""Decide agent: detections -> decisions (deterministic ids, de-duplicated within a window)."""
+"""Decide agent: detections -> decisions (deterministic ids, one per incident).
+
+A repeat of a fault is merged into its incident while the incident's recovery is at work; the
+policy learns that a recovery ended from the action events the training agent follows on every
+worker (:meth:`trainguard.detectors.routing.DetectionPath.on_action`), on this same event loop.
+"""
 
 from __future__ import annotations
 

@@ -69,8 +69,9 @@ def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None 
 
     def on_action(raw: bytes | None) -> None:
         # Every worker reads every action event: the stopped-job check must know which jobs a
-        # recovery is working on, whichever worker owns the job's steps.  Garbage raises
-        # DecodeError, which the reader logs and passes.
+        # recovery is working on, whichever worker owns the job's steps, and the decide stage
+        # which incidents' recoveries ended, whichever worker owns the job's detections.
+        # Garbage raises DecodeError, which the reader logs and passes.
         ev = decode(raw, expect=ActionEvent)
         if isinstance(ev, ActionEvent):
             path.on_action(ev)

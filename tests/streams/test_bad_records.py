@@ -176,7 +176,7 @@ def test_a_control_command_that_cannot_be_applied_is_dead_lettered_and_the_next_
     records = [
         set_threshold("decide.no_such_setting", 1),  # decodes; the config rejects it
         HUGE,  # does not decode (the sink dead-letters it; a ValueError here: the reader does)
-        set_threshold("decide.dedup_window_s", 7.0),
+        set_threshold("decide.incident_max_s", 7.0),
     ]
 
     async def run() -> None:
@@ -184,7 +184,7 @@ def test_a_control_command_that_cannot_be_applied_is_dead_lettered_and_the_next_
             await ctx.handle_followed(message(raw, i, CONTROL.name), handle, "control")
 
     asyncio.run(run())
-    assert ctx.cfg.decide.dedup_window_s == 7.0 and len(changes) == 1
+    assert ctx.cfg.decide.incident_max_s == 7.0 and len(changes) == 1
     stages = {d.offset: d for d in app.dead_letters()}
     assert stages[0].stage == "worker:control" and "rejected control command cmd-decide.no_such_setting" in (
         stages[0].reason
@@ -198,18 +198,18 @@ def test_a_control_change_the_detectors_refuse_keeps_the_last_good_config() -> N
     ctx.follow = lambda topic, handle, name: got.append(handle)  # type: ignore[method-assign]
 
     def on_change(new: WorkerConfig) -> None:
-        if new.decide.dedup_window_s == 1.0:
+        if new.decide.incident_max_s == 1.0:
             raise RuntimeError("detector refused")
 
     control.register(ctx, on_change)
 
     async def run() -> None:
         await ctx.handle_followed(
-            message(set_threshold("decide.dedup_window_s", 1.0), 0, CONTROL.name), got[0], "control"
+            message(set_threshold("decide.incident_max_s", 1.0), 0, CONTROL.name), got[0], "control"
         )
 
     asyncio.run(run())
-    assert ctx.cfg.decide.dedup_window_s == WorkerConfig().decide.dedup_window_s
+    assert ctx.cfg.decide.incident_max_s == WorkerConfig().decide.incident_max_s
     assert [d.stage for d in app.dead_letters()] == ["worker:control"]
 
 
@@ -223,12 +223,12 @@ def test_garbage_on_a_followed_topic_is_logged_with_its_coordinates(
     async def run() -> None:
         await ctx.handle_followed(message(b"\xffgarbage", 9, CONTROL.name), handle, "control")
         await ctx.handle_followed(
-            message(set_threshold("decide.dedup_window_s", 5.0), 10, CONTROL.name), handle, "control"
+            message(set_threshold("decide.incident_max_s", 5.0), 10, CONTROL.name), handle, "control"
         )
 
     with caplog.at_level(logging.ERROR, logger="trainguard.streams.context"):
         asyncio.run(run())
-    assert ctx.cfg.decide.dedup_window_s == 5.0
+    assert ctx.cfg.decide.incident_max_s == 5.0
     assert any(f"{CONTROL.name}[2]@9" in r.getMessage() for r in caplog.records)
     # With a sink, the sink dead-letters garbage once for every worker; without, the reader does.
     assert [(d.stage, d.offset) for d in app.dead_letters()] == ([] if sink else [("decode", 9)])

@@ -9,6 +9,7 @@ import pytest
 
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
+from trainguard.detectors.decide import DecideConfig
 from trainguard.infra.config import Settings
 from trainguard.schemas.base import now_ms
 from trainguard.schemas.codec import encode
@@ -36,16 +37,17 @@ def test_a_poison_control_command_is_dead_lettered_and_the_next_one_applied(
     job = unique("ctl-bad")
     poison = _command(job, worker.app_id, "decide.no_such_setting", 1)  # decodes; cannot be applied
     huge = b'{"schema":"command","version":1,"n":' + b"1" * 4301 + b"}"  # does not decode
-    valid = _command(job, worker.app_id, "decide.dedup_window_s", 0.0)
+    # Both windows off (no action service here ends an incident): each report is its own.
+    valid = [_command(job, worker.app_id, path, 0.0) for path in ("decide.settle_s", "decide.incident_max_s")]
     decisions, dead = Watcher(stack_settings, DECISIONS), Watcher(stack_settings, DEAD_LETTERS)
     try:
         send(
             stack_settings,
             raw=[(CONTROL.name, job.encode(), encode(poison)), (CONTROL.name, job.encode(), huge)],
         )
-        send(stack_settings, valid, topic=CONTROL)
+        send(stack_settings, *valid, topic=CONTROL)
         worker.wait_followed(stack_settings, CONTROL)
-        # The valid command is in force: the same fault twice 1 s apart is now two decisions.
+        # The valid commands are in force: the same fault twice 1 s apart is now two decisions.
         node, t0 = f"{job}-a", now_ms()
         lines = [
             LogLine(node=node, ts_ms=t0 + i * 1000, source="kernel", line=XID, seq=i, job=job)
@@ -59,7 +61,9 @@ def test_a_poison_control_command_is_dead_lettered_and_the_next_one_applied(
 
         wait_until(lambda: len(ids()) == 2, 30, lambda: f"two decisions for {job} (got {ids()})")
     finally:
-        send(stack_settings, _command(job, worker.app_id, "decide.dedup_window_s", 300.0), topic=CONTROL)
+        defaults = DecideConfig()  # the control topic is replayed by every later worker: restore
+        restore = [("decide.settle_s", defaults.settle_s), ("decide.incident_max_s", defaults.incident_max_s)]
+        send(stack_settings, *(_command(job, worker.app_id, p, v) for p, v in restore), topic=CONTROL)
         decisions.close()
     # The poison is dead-lettered with its stage and coordinates, on the dead-letter topic (read
     # from Kafka: the worker's fresh sink group may have joined after the records were produced).

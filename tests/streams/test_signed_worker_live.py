@@ -83,7 +83,7 @@ def test_decisions_go_out_signed_and_forged_control_is_dead_lettered(
             ts_ms=now_ms(),
             kind=CommandKind.SET_THRESHOLD,
             job=job,
-            args={"path": "decide.dedup_window_s", "value": 0.0, "app_id": worker.app_id},
+            args={"path": "decide.incident_max_s", "value": 0.0, "app_id": worker.app_id},
         )
         EventProducer(settings.kafka).send(forged, CONTROL).get(timeout=30)  # no signer: unsigned
         dl = dead.wait_for(

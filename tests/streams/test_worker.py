@@ -10,6 +10,7 @@ import pytest
 
 from tests.streams.harness import Watcher, WorkerProcess, send, unique
 from tests.waiting import wait_until
+from trainguard.detectors.decide import DecideConfig
 from trainguard.detectors.flight_recorder import dump_to_event, load_dump_dir
 from trainguard.detectors.stacks import DumpName, DumpParser
 from trainguard.infra.clickhouse.store import ClickHouseStore
@@ -341,27 +342,29 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
             for i in range(2)
         ]
 
-    def set_window(value: float, t: int) -> None:
-        send(
-            stack_settings,
-            Command(
-                command_id=unique("cmd"),
-                ts_ms=t,
-                kind=CommandKind.SET_THRESHOLD,
-                job=job,
-                args={"path": "decide.dedup_window_s", "value": value, "app_id": worker.app_id},
-            ),
-            topic=CONTROL,
-        )
+    def set_windows(settle_s: float, incident_max_s: float, t: int) -> None:
+        for path, value in (("decide.settle_s", settle_s), ("decide.incident_max_s", incident_max_s)):
+            send(
+                stack_settings,
+                Command(
+                    command_id=unique("cmd"),
+                    ts_ms=t,
+                    kind=CommandKind.SET_THRESHOLD,
+                    job=job,
+                    args={"path": path, "value": value, "app_id": worker.app_id},
+                ),
+                topic=CONTROL,
+            )
 
-    # Default window (300 s): the same fault twice 1 s apart is one decision.
+    # Defaults (no action service ends the incident: it stays open for 300 s): the same fault
+    # twice 1 s apart is one decision.
     t0 = now_ms()
     send(stack_settings, *xid_pair(f"{job}-a", t0))
     w.wait_for(lambda e: isinstance(e, Decision) and e.job == job)
     ids = {e.decision_id for e in w.all(lambda e: isinstance(e, Decision) and e.job == job, settle_s=2.0)}  # type: ignore[attr-defined]
     assert len(ids) == 1  # distinct ids: a retried produce may repeat a record on the wire
     try:
-        set_window(0.0, now_ms())
+        set_windows(0.0, 0.0, now_ms())
         worker.wait_followed(stack_settings, CONTROL)  # every worker follows the control topic on its own
         b = f"{job}-b"
         send(stack_settings, *xid_pair(b, now_ms()))
@@ -372,7 +375,8 @@ def test_thresholds_change_at_runtime_through_the_control_topic(
 
         wait_until(lambda: len(got()) == 2, 20, lambda: f"two decisions for {b} (got {got()})")
     finally:
-        set_window(300.0, now_ms())  # the control topic is replayed by every later worker: restore
+        defaults = DecideConfig()  # the control topic is replayed by every later worker: restore
+        set_windows(defaults.settle_s, defaults.incident_max_s, now_ms())
     # An invalid change is rejected and the worker keeps running with its last good config.
     bad = unique("cmd")
     send(
