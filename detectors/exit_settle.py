@@ -1,4 +1,5 @@
-"""Root cause of a crash cascade: a peer's collective error waits briefly for the exit that caused it.
+"""Root cause of a crash cascade: a peer's collective error waits briefly for the exit that caused it,
+and among exits that all look like consequences, the first to happen is the cause.
 
 When one rank of a job dies, every rank it talks to fails a moment later with a communication
 error ("Connection closed by peer", a gloo/NCCL timeout).  Those errors are consequences, and
@@ -6,12 +7,22 @@ often they reach the stream *before* the exit that explains them: in a demo run 
 push's ``TypeError`` arrived 60 ms after a peer's gloo error, so the job was first stopped for
 stop-time diagnostics (2.5 s) and only then rolled back.
 
-:class:`ExitSettler` holds an exit finding of a *secondary* category (``comm_error``,
-``comm_timeout`` by default) for ``settle_s``.  If an exit of another, acting category (a user
-exception, an OOM, a CUDA error...) of the same job happens within ``settle_s`` of it -- before or
-after -- the held detection is released as ``ignore`` with the root cause named in its message:
-it is recorded, and only the root cause decides.  Otherwise it is released unchanged when its
-time is up, and a real network fault is acted on ``settle_s`` later than without the wait.
+:class:`ExitSettler` holds a *secondary* exit finding for ``settle_s``: one of a category that is
+usually another rank's echo (``comm_error``, ``comm_timeout`` by default) or of a rule that is
+(``secondary_rules``: NCCL's "remote process exited" and "connection closed", and a plain non-zero
+exit with no culprit, which is how a launcher sees a rank that died of a peer's broken connection).
+If an exit of another, acting kind (a user exception, an OOM or SIGKILL, a CUDA error...) of the
+same job happens within ``settle_s`` of it -- before or after -- the held detection is released
+as ``ignore`` with the root cause named in its message: it is recorded, and only the root cause
+decides.  Otherwise, when its time is up, the held exits are taken in the order they *happened*
+(event time, not arrival): the first is released unchanged -- the root cause, the rank that died
+first -- and the ones within ``settle_s`` of it, held or still to come, are its echoes
+(``ignore``).  A real network fault is acted on ``settle_s`` later than without the wait.
+
+The killed rank's own exit is what makes this work: a rank killed by SIGKILL reports nothing
+itself, and the exporter cannot read the status of a process it did not start.  Its launcher
+(``trainguard launch``) reports it, stamped with the time the rank died -- before any survivor's
+broken connection -- so the decision names the rank that died first and its machine.
 
 >>> from trainguard.schemas.enums import Action
 >>> from trainguard.schemas.control import Detection
@@ -46,8 +57,10 @@ class SettleConfig:
 
     #: how long a secondary exit waits for its root cause (event time both ways); 0 = no wait.
     settle_s: float = field(default=1.0, metadata=bounds(0, 60))
-    #: exit categories that are usually a consequence of another rank's failure.
+    #: exit categories that are usually a consequence of another rank's failure ...
     secondary: tuple[str, ...] = ("comm_error", "comm_timeout")
+    #: ... and exit rules that are (rule ids: their categories hold real root causes too).
+    secondary_rules: tuple[str, ...] = ("nccl-remote", "nccl-conn-closed", "exit-nonzero")
 
 
 class ExitSettler:
@@ -57,7 +70,8 @@ class ExitSettler:
         self.config = config or SettleConfig()
         #: (release at, wall ms; the detection) of the held secondary exits.
         self.held: list[tuple[int, Detection]] = []
-        #: (event ms, "category on node ranks [..]") of recent acting exits, newest last.
+        #: (event ms, "category on node ranks [..]") of recent root causes: acting exits, and held
+        #: ones released as the first of their cascade; newest last.
         self.causes: list[tuple[int, str]] = []
 
     @property
@@ -68,7 +82,7 @@ class ExitSettler:
         """An exit detection: what to emit now (possibly nothing, possibly held ones too)."""
         if det.action in _RECORD_ONLY:
             return [det]
-        if det.category in self.config.secondary:
+        if self.is_secondary(det):
             cause = self._cause_near(det.source_ts_ms)
             if cause is not None:
                 return [_secondary(det, cause)]
@@ -76,11 +90,8 @@ class ExitSettler:
                 return [det]
             self.held.append((now_ms + self._settle_ms, det))
             return []
-        label = f"{det.category} on {det.node or '?'} ranks {det.ranks}"
-        self.causes.append((det.source_ts_ms, label))
-        # Only causes within reach of a secondary yet to come are worth keeping.
-        horizon = det.source_ts_ms - self._settle_ms
-        self.causes = [c for c in self.causes if c[0] >= horizon][-16:]
+        label = _label(det)
+        self._add_cause(det.source_ts_ms, label)
         out, keep = [det], []
         for due, held in self.held:
             if abs(held.source_ts_ms - det.source_ts_ms) <= self._settle_ms:
@@ -90,17 +101,47 @@ class ExitSettler:
         self.held = keep
         return out
 
+    def is_secondary(self, det: Detection) -> bool:
+        """Whether ``det`` is an exit of a kind that is usually another rank's echo."""
+        return det.category in self.config.secondary or det.kind in self.config.secondary_rules
+
     def release(self, now_ms: int) -> list[Detection]:
-        """Held detections whose wait is over, unchanged: no root cause came."""
-        due = [d for t, d in self.held if t <= now_ms]
+        """Held detections whose wait is over: no acting root cause came.  In the order they
+        happened, the first of a cascade is released unchanged; those within ``settle_s`` of an
+        earlier one (released, or still held) are its echoes."""
+        due = sorted((d for t, d in self.held if t <= now_ms), key=lambda d: d.source_ts_ms)
         self.held = [(t, d) for t, d in self.held if t > now_ms]
-        return due
+        out = []
+        for det in due:
+            cause = self._cause_near(det.source_ts_ms) or self._held_before(det.source_ts_ms)
+            if cause is not None:
+                out.append(_secondary(det, cause))
+            else:
+                out.append(det)
+                self._add_cause(det.source_ts_ms, _label(det))
+        return out
+
+    def _add_cause(self, ts_ms: int, label: str) -> None:
+        self.causes.append((ts_ms, label))
+        # Only causes within reach of a secondary yet to come are worth keeping.
+        horizon = max(ts for ts, _ in self.causes) - self._settle_ms
+        self.causes = [c for c in self.causes if c[0] >= horizon][-16:]
 
     def _cause_near(self, ts_ms: int) -> str | None:
         for cause_ms, label in reversed(self.causes):
             if abs(cause_ms - ts_ms) <= self._settle_ms:
                 return label
         return None
+
+    def _held_before(self, ts_ms: int) -> str | None:
+        """A still-held exit that happened before ``ts_ms``, within ``settle_s``: the earlier rank
+        of the cascade, whatever it turns out to echo."""
+        earlier = [d for _, d in self.held if ts_ms - self._settle_ms <= d.source_ts_ms < ts_ms]
+        return _label(min(earlier, key=lambda d: d.source_ts_ms)) if earlier else None
+
+
+def _label(det: Detection) -> str:
+    return f"{det.category} on {det.node or '?'} ranks {det.ranks}"
 
 
 def _secondary(det: Detection, cause: str) -> Detection:

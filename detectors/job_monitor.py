@@ -122,8 +122,8 @@ class JobMonitor:
     def on_exit(self, e: ProcessExit, now_ms: int) -> list[Detection]:
         if e.role is ProcessRole.MAIN and e.rank >= 0:
             self.alive[e.rank] = False
-            code = -e.signal if e.signal else e.exit_code
-            self.stopped.on_exit(e.rank, 1 if code is None else code)
+            # None: ended with its status unseen (the exporter's word on a process it did not start).
+            self.stopped.on_exit(e.rank, -e.signal if e.signal else e.exit_code)
         c = classify_exit(e.exit_code, e.signal, e.traceback or None)
         finding = c.to_finding(job=self.job, node=e.node)
         if finding is None:

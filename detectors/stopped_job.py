@@ -122,9 +122,12 @@ class StoppedJobDetector:
             self._step[rank] = step
             self._last_progress = ts if self._last_progress is None else max(self._last_progress, ts)
 
-    def on_exit(self, rank: int, exit_code: int) -> None:
-        if rank >= 0:
-            self._exits[rank] = exit_code
+    def on_exit(self, rank: int, exit_code: int | None) -> None:
+        """``rank``'s process ended with ``exit_code``; None: its status was not seen, which counts
+        as a failure unless a report of the same run said it (the launcher and the rank's own
+        reporter see the status; the exporter, noticing the process gone later, does not)."""
+        if rank >= 0 and (exit_code is not None or rank not in self._exits):
+            self._exits[rank] = 1 if exit_code is None else exit_code
 
     def finished(self) -> bool:
         """Every rank that ever reported exited cleanly (the job is done, not stopped)."""

@@ -18,6 +18,10 @@ from typing import Any, ClassVar, TypeVar
 
 #: wire name -> event class (latest version).
 EVENT_TYPES: dict[str, type[Event]] = {}
+#: wire name -> event class of the events that never leave their node (a launcher's word to its
+#: node's exporter): no topic, no table, and the codec reads them only where a reader asks for
+#: them (``decode(raw, local=True)``: the exporter's reporter socket), never from a topic.
+LOCAL_TYPES: dict[str, type[Event]] = {}
 
 
 def now_ms() -> int:
@@ -40,9 +44,22 @@ E = TypeVar("E", bound=type["Event"])
 
 def register(cls: E) -> E:
     """Class decorator adding an event class to :data:`EVENT_TYPES` (names must be unique)."""
-    if not cls.TYPE:
-        raise TypeError(f"{cls.__name__} has no TYPE")
-    if cls.TYPE in EVENT_TYPES and EVENT_TYPES[cls.TYPE] is not cls:
-        raise TypeError(f"event type {cls.TYPE!r} registered twice")
+    _check_unique(cls)
     EVENT_TYPES[cls.TYPE] = cls
     return cls
+
+
+def register_local(cls: E) -> E:
+    """Class decorator adding a node-local event class to :data:`LOCAL_TYPES`: one wire name space
+    with :data:`EVENT_TYPES`, so a name means one thing wherever it is read."""
+    _check_unique(cls)
+    LOCAL_TYPES[cls.TYPE] = cls
+    return cls
+
+
+def _check_unique(cls: type[Event]) -> None:
+    if not cls.TYPE:
+        raise TypeError(f"{cls.__name__} has no TYPE")
+    known = EVENT_TYPES.get(cls.TYPE) or LOCAL_TYPES.get(cls.TYPE)
+    if known is not None and known is not cls:
+        raise TypeError(f"event type {cls.TYPE!r} registered twice")

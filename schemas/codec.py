@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import orjson
 
 from trainguard.schemas import control, telemetry, workload  # noqa: F401  (registers the event types)
-from trainguard.schemas.base import EVENT_TYPES, Event
+from trainguard.schemas.base import EVENT_TYPES, LOCAL_TYPES, Event
 from trainguard.schemas.typecheck import SchemaError, from_mapping, show, show_text, to_plain
 
 #: Larger records are refused before parsing (a runaway producer must not OOM a worker).  The
@@ -70,15 +70,18 @@ def encode(event: Event) -> bytes:
     return json.dumps(to_dict(event), separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def from_dict(data: Any, expect: type[E] | None = None) -> Event:
-    """Validate a decoded mapping into its event class (upgrading older versions)."""
+def from_dict(data: Any, expect: type[E] | None = None, local: bool = False) -> Event:
+    """Validate a decoded mapping into its event class (upgrading older versions); ``local``: node-
+    local events (:data:`~trainguard.schemas.base.LOCAL_TYPES`) are read too."""
     if not isinstance(data, dict):
         raise DecodeError("", f"expected a JSON object, got {type(data).__name__}")
     name = data.get("schema")
     if not isinstance(name, str):
         raise DecodeError("schema", "missing or not a string")
-    cls = EVENT_TYPES.get(name)
+    cls = EVENT_TYPES.get(name) or (LOCAL_TYPES.get(name) if local else None)
     if cls is None:
+        if name in LOCAL_TYPES:
+            raise DecodeError("schema", f"{show(name)} is a node-local event, not read here")
         raise DecodeError("schema", f"unknown event type {show(name)}")
     if expect is not None and cls is not expect:
         raise DecodeError("schema", f"expected {expect.TYPE!r} on this topic, got {name!r}")
@@ -171,14 +174,17 @@ def _exact_parse(buf: bytes) -> Any:
         raise DecodeError("", "not JSON: out of memory parsing the record") from None
 
 
-def decode(raw: bytes | bytearray | memoryview | None, expect: type[E] | None = None) -> Event:
+def decode(
+    raw: bytes | bytearray | memoryview | None, expect: type[E] | None = None, local: bool = False
+) -> Event:
     """Parse one record's value; raise :class:`DecodeError` with the reason on any problem.
+    ``local``: node-local events are read too (only a node's own socket asks for them).
 
     Total: any other exception (a bug) also becomes a :class:`DecodeError` (``internal error``)
     rather than escaping into a consumer loop; the tests assert no input ever gets there.
     """
     try:
-        return from_dict(_parse(raw), expect)
+        return from_dict(_parse(raw), expect, local)
     except DecodeError:
         raise
     except Exception as exc:

@@ -1,7 +1,8 @@
 """Events about the training workload: step telemetry, log lines, process exits, stack dumps.
 
-Producers: the training reporter (inside rank processes) and the node exporter (kernel log,
-process tracking, on-demand py-spy tracer).  ``loss`` and ``grad_norm`` may be NaN/Inf on the
+Producers: the training reporter (inside rank processes), the launcher (``trainguard launch``: a
+rank's registration and its exit status) and the node exporter (kernel log, process tracking,
+on-demand py-spy tracer).  ``loss`` and ``grad_norm`` may be NaN/Inf on the
 wire on purpose: a non-finite loss is the very signal the NaN detector looks for.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainguard.schemas.base import Event, register
+from trainguard.schemas.base import Event, register, register_local
 from trainguard.schemas.enums import ProcessRole
 from trainguard.schemas.limits import I64, MAX_RANKS_LISTED, NAME, PID, RANK, RANK_OR_NONE, RANKS, TS_MS, U64
 from trainguard.schemas.typecheck import bounds
@@ -82,6 +83,29 @@ class ProcessExit(Event):
     def __post_init__(self) -> None:
         if self.exit_code is None and self.signal is None and not self.reason:
             raise ValueError("a process exit needs an exit_code, a signal or a reason")
+
+
+@register_local
+@dataclass(frozen=True)
+class RankRegistration(Event):
+    """A rank's main process, named by the launcher that started it (launcher -> its node's exporter,
+    over the reporter socket; node-local: never published).
+
+    The exporter follows the process and its children as the rank's (liveness, exits, stacks)
+    with no process selection configured, and only while ``pid`` is a child of the kernel-verified
+    sender: a sender can name its own children, nothing else.  Pids are as the launcher sees
+    them.  Sent again every few seconds, so an exporter started (or restarted) after the launcher
+    learns the rank too; the same registration again changes nothing."""
+
+    TYPE = "rank_registration"
+    job: str = field(metadata=NAME)
+    node: str = field(metadata=NAME)
+    rank: int = field(metadata=RANK)
+    local_rank: int = field(metadata=RANK)
+    #: the rank's main process (the launcher's child) and the launcher itself.
+    pid: int = field(metadata=PID)
+    launcher_pid: int = field(metadata=PID)
+    ts_ms: int = field(metadata=TS_MS)
 
 
 @register

@@ -88,6 +88,10 @@ class LaunchConfig:
     #: the node exporter's reporter socket; "" = ``$TRAINGUARD_REPORTER_SOCKET`` or the reporter's
     #: default (``/run/trainguard/reporter.sock``, the systemd unit's).
     reporter_socket: str = field(default="", metadata=bounds(max_len=4096))
+    #: how often the rank is registered with the node exporter again (on that socket): an exporter
+    #: started or restarted after the launcher learns the rank within this.  A failed send is
+    #: retried sooner (from 0.5 s, doubling up to this).
+    register_interval_s: float = field(default=10.0, metadata=bounds(0.5, 3600))
     #: file written (atomically) once this task is ready; "" = none.
     ready_file: str = field(default="", metadata=bounds(max_len=4096))
     #: publish the JobSpec from rank 0 (never from a step the action service restarted: it

@@ -110,6 +110,14 @@ class ProcessConfig:
     cgroup: str = ""
     #: ... or by a regular expression on the command line.
     cmd_pattern: str = ""
+    #: ... and, with or without those, the ranks ``trainguard launch`` registers on the reporter
+    #: socket (its children; see ``trainguard.streams.exporter.ranks``).
+    registered: bool = True
+    #: most launchers registered at once (a further one is refused and counted).
+    max_registered: int = field(default=4096, metadata=bounds(1, 1_000_000))
+    #: liveness of a job learnt from registrations goes on this long after its last rank here is
+    #: gone (an empty rank list: the node is up, the job does not run here).
+    registered_linger_s: float = field(default=3600.0, metadata=bounds(0, 30 * 86_400))
     #: a child whose command line or name matches is a checkpoint writer.
     checkpoint_pattern: str = r"(?i)checkpoint|ckpt"
     #: environment variable holding the rank (read from /proc/PID/environ).

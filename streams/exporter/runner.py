@@ -24,6 +24,7 @@ from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.telemetry import SourceHealth
 from trainguard.streams.exporter.config import ExporterConfig
 from trainguard.streams.exporter.metrics import ExporterMetrics
+from trainguard.streams.exporter.ranks import RankRegistry
 from trainguard.streams.exporter.sources import REGISTRY, Source, SourceContext, enabled_sources
 from trainguard.streams.exporter.sources.base import section
 
@@ -64,6 +65,7 @@ class Exporter:
         once: bool = False,
         extra_health: Iterable[Callable[[], SourceHealth]] = (),
         metrics: ExporterMetrics | None = None,
+        ranks: RankRegistry | None = None,
     ) -> None:
         self.cfg = cfg
         self.publish = publish
@@ -72,8 +74,16 @@ class Exporter:
         state_dir = None if once else Path(cfg.state_dir)
         if state_dir is not None:
             state_dir.mkdir(parents=True, exist_ok=True)
+        #: the ranks launchers registered here (the service shares it with its captures).
+        self.ranks = ranks or RankRegistry(cfg.process.max_registered, cfg.process.registered_linger_s)
         ctx = SourceContext(
-            cfg, state_dir=state_dir, health=self.health, nvml=nvml, once=once, dropped=self.metrics.drop
+            cfg,
+            state_dir=state_dir,
+            health=self.health,
+            nvml=nvml,
+            once=once,
+            dropped=self.metrics.drop,
+            ranks=self.ranks,
         )
         self._lock = threading.Lock()
         self._health: dict[str, _Health] = {}

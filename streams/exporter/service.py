@@ -33,6 +33,7 @@ from trainguard.streams.exporter.config import ExporterConfig
 from trainguard.streams.exporter.delivery import Delivery
 from trainguard.streams.exporter.flight_recorder import FlightRecorderCollector
 from trainguard.streams.exporter.metrics import ExporterMetrics
+from trainguard.streams.exporter.ranks import RankRegistry
 from trainguard.streams.exporter.runner import Exporter
 from trainguard.streams.exporter.sources.process import TrackedProcess, discover
 from trainguard.streams.exporter.spool import Spool
@@ -54,6 +55,8 @@ class ExporterService:
         self.metrics = ExporterMetrics()
         self._metrics_server: MetricsServer | None = None
         self.delivery = Delivery(kafka, self.spool, cfg.delivery, self.metrics)
+        #: the ranks launchers registered here: the process source and both captures follow them.
+        self.ranks = RankRegistry(cfg.process.max_registered, cfg.process.registered_linger_s)
         self.stacks = StackCapturer(cfg.stacks, cfg.node_name, cfg.job, self._discover, self.delivery.publish)
         self.fr = (
             FlightRecorderCollector(
@@ -78,13 +81,13 @@ class ExporterService:
         if self.commands is not None:
             hooks.append(self.commands.health)
         self.exporter = Exporter(
-            cfg, self.delivery.publish, nvml=nvml, extra_health=hooks, metrics=self.metrics
+            cfg, self.delivery.publish, nvml=nvml, extra_health=hooks, metrics=self.metrics, ranks=self.ranks
         )
 
     def _discover(self) -> list[TrackedProcess]:
         """The job's training process trees on this node now (stack and Flight Recorder captures)."""
         cfg = self.cfg
-        return discover(cfg.process, cfg.sys_path("/proc"), cfg.sys_path("/sys/fs/cgroup"))
+        return discover(cfg.process, cfg.sys_path("/proc"), cfg.sys_path("/sys/fs/cgroup"), self.ranks)
 
     def _capture_health(self) -> SourceHealth:
         return SourceHealth(name="stacks", ok=True, last_success_ms=now_ms(), error_count=self.stacks.errors)

@@ -172,10 +172,10 @@ class StackCapturer:
         for p, (threads, error) in zip(procs, results, strict=True):
             if error:
                 self.errors += 1
-            tree = [q.info() for q in procs if q.rank == p.rank]
+            tree = [q.info() for q in procs if (q.rank, q.job) == (p.rank, p.job)]
             dumps.append(
                 StackDump(
-                    job=self.job,
+                    job=p.job or self.job,  # a registered rank's own job (an exporter may have none)
                     node=self.node,
                     rank=p.rank,
                     pid=p.pid,

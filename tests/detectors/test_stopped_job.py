@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from trainguard.detectors.job_monitor import MonitorConfig
+from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
 from trainguard.detectors.replay import OfflinePipeline, ReplayConfig, decode_records
 from trainguard.detectors.stopped_job import StoppedConfig
 from trainguard.infra.replay import read_recording
@@ -115,3 +115,31 @@ def test_the_whole_recording_where_the_job_came_back_raises_nothing() -> None:
     events = _recording()
     pipeline = _run(events, max(ts for ts, _ in events))
     assert _stopped(pipeline) == []
+
+
+def test_an_unseen_status_does_not_undo_the_clean_exit_a_launcher_reported() -> None:
+    # Each rank's launcher reports its exit 0; the exporter, which did not start the ranks, notices
+    # them gone a round later without a status.  The job finished: it is not a stopped job.
+    def ended(rank: int, **status: object) -> ProcessExit:
+        return ProcessExit(node="n1", ts_ms=61_000, pid=100 + rank, job="j", rank=rank, **status)
+
+    unseen = {"reason": "process ended (exit status not visible to a non-parent)"}
+    for order in ((0, 1), (1, 0)):
+        m = JobMonitor("j", MonitorConfig(stopped=StoppedConfig(stopped_s=STOPPED_S)))
+        for rank in (0, 1):
+            m.on_step(TrainingStep(job="j", rank=rank, step=5, ts_ms=60_000), now_ms=60_000)
+        for rank in (0, 1):
+            reports = [
+                ended(rank, exit_code=0, reason="exited with code 0, seen by its launcher"),
+                ended(rank, **unseen),
+            ]
+            for i in order:
+                m.on_exit(reports[i], now_ms=61_100)
+        assert m.stopped.finished()
+        assert [d.kind for d in m.check(now_ms=200_000)] == []
+    # Without anyone's status, an ended rank still counts as failed.
+    m = JobMonitor("j", MonitorConfig(stopped=StoppedConfig(stopped_s=STOPPED_S)))
+    m.on_step(TrainingStep(job="j", rank=0, step=5, ts_ms=60_000), now_ms=60_000)
+    m.on_exit(ended(0, **unseen), now_ms=61_100)
+    assert not m.stopped.finished()
+    assert [d.kind for d in m.check(now_ms=200_000)] == ["stopped"]

@@ -1,25 +1,37 @@
 """``trainguard launch`` as a process, with a Slurm task's environment set by hand (no Slurm, no Kafka).
 
 The training command is a tiny Python child; the tests check what it saw, the launcher's exit code
-(the child's, or 128 + the signal that killed it), signal forwarding, readiness, and that rank 0
-runs the training when the job spec cannot be published (Kafka away, no signing key).
+(the child's, or 128 + the signal that killed it), signal forwarding, readiness, that rank 0
+runs the training when the job spec cannot be published (Kafka away, no signing key), and what
+the launcher tells the node exporter (a test socket bound as the exporter binds it): the rank's
+registration, also to an exporter started later, and the rank's exit status, SIGKILL included.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.net import free_port
 from tests.waiting import wait_until
+from trainguard.infra.proctable import ProcTable
+from trainguard.schemas.base import Event, now_ms
+from trainguard.schemas.codec import decode
+from trainguard.schemas.enums import ProcessRole
+from trainguard.schemas.workload import ProcessExit, RankRegistration
+from trainguard.streams.exporter.sources.reporter import MAX_DATAGRAM, Peer, bind_socket, peer_of
 
 TRAINGUARD = shutil.which("trainguard", path=str(Path(sys.executable).parent)) or "trainguard"
 SEEN = (
@@ -225,3 +237,98 @@ def test_a_missing_command_exits_127_and_bad_slurm_env_starts_nothing(tmp_path: 
     )
     assert res.returncode == 1 and "different task counts per node" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "ran").exists()
+
+
+# -- what the launcher tells the node exporter ---------------------------------------------------------
+
+#: the child: waits for the file argv[1], then, per argv[2]: "kill" SIGKILLs itself, "exit" exits 0.
+ON_GO = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys, time
+    go = pathlib.Path(sys.argv[1])
+    while not go.exists():
+        time.sleep(0.01)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+_ANCBUF = socket.CMSG_SPACE(12)  # one struct ucred
+
+
+class ExporterSocket:
+    """The exporter's end of the reporter socket, bound as its reporter source binds it: what
+    arrives, decoded as the source decodes it, with the sender's kernel-verified credentials."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = bind_socket(path)
+        self.got: list[tuple[Event, Peer]] = []
+
+    def drain(self) -> list[tuple[Event, Peer]]:
+        while self.sock.fileno() >= 0 and select.select([self.sock], [], [], 0)[0]:
+            raw, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM, _ANCBUF)
+            peer = peer_of(anc)
+            assert peer is not None
+            self.got += [(decode(part, local=True), peer) for part in raw.split(b"\n") if part]
+        return self.got
+
+    def of(self, cls: type) -> list[tuple[Any, Peer]]:
+        return [(e, p) for e, p in self.drain() if isinstance(e, cls)]
+
+    def close(self) -> None:
+        """What came is kept (a launcher sends its last word before it exits)."""
+        self.drain()
+        self.sock.close()
+
+
+def launch_on_go(tmp_path: Path, mode: str, *options: str) -> subprocess.Popen[str]:
+    argv = [TRAINGUARD, "launch", "--job", "llm", "--tp", "2", "--reporter-socket", str(tmp_path / "r.sock")]
+    argv += [*options, "--", sys.executable, "-c", ON_GO, str(tmp_path / "go"), mode]
+    return subprocess.Popen(
+        argv, env=task_env(tmp_path, 3), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_the_launcher_registers_its_rank_and_reports_its_sigkill(tmp_path: Path) -> None:
+    exporter = ExporterSocket(tmp_path / "r.sock")
+    proc = launch_on_go(tmp_path, "kill")
+    try:
+        reg, peer = wait_until(lambda: exporter.of(RankRegistration)[:1], 30, "the rank's registration")[0]
+        assert peer.pid == proc.pid == reg.launcher_pid  # the kernel says who sent it
+        assert (reg.job, reg.node, reg.rank, reg.local_rank) == ("llm", "n2", 3, 1)
+        assert ProcTable().ppid(reg.pid) == proc.pid  # the pid registered is the launcher's child
+        killed_after = now_ms()
+        (tmp_path / "go").touch()
+        rc, _, err = finish(proc, 30)
+    finally:
+        proc.kill()
+        exporter.close()
+    assert rc == 137, err
+    ((e, peer),) = exporter.of(ProcessExit)
+    assert peer.pid == proc.pid
+    assert (e.job, e.node, e.rank, e.pid, e.role) == ("llm", "n2", 3, reg.pid, ProcessRole.MAIN)
+    assert (e.exit_code, e.signal, e.reason) == (137, 9, "killed by signal 9 (SIGKILL), seen by its launcher")
+    assert killed_after <= e.ts_ms <= now_ms()  # stamped when the rank died
+    assert "not reachable" not in err
+
+
+def test_an_exporter_started_after_the_launcher_learns_the_rank(tmp_path: Path) -> None:
+    ready = tmp_path / "ready.json"
+    proc = launch_on_go(tmp_path, "exit", "--register-interval", "0.5", "--ready-file", str(ready))
+    exporter = None
+    try:
+        wait_until(ready.exists, 30, "the launcher ready")  # the training runs: nobody waited for us
+        time.sleep(1.0)  # deliberately: the first registrations find no exporter
+        exporter = ExporterSocket(tmp_path / "r.sock")
+        regs = wait_until(lambda: exporter.of(RankRegistration), 10, "a registration once the exporter is up")
+        assert {(r.pid, r.rank) for r, _ in regs} == {(json.loads(ready.read_text())["pid"], 3)}
+        (tmp_path / "go").touch()
+        rc, _, err = finish(proc, 30)
+    finally:
+        proc.kill()
+        if exporter is not None:
+            exporter.close()
+    assert rc == 0, err
+    ((e, _),) = exporter.of(ProcessExit)
+    assert (e.exit_code, e.signal, e.reason) == (0, None, "exited with code 0, seen by its launcher")
+    assert f"node exporter not reachable at {tmp_path / 'r.sock'}" in err
+    assert "rank 3 registered with the node exporter" in err

@@ -96,7 +96,11 @@ def exporter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--cgroup", help="cgroup (v2, relative to ROOT/sys/fs/cgroup) holding the training processes."
         ),
-        click.option("--cmd-pattern", help="Regular expression matching training processes' command lines."),
+        click.option(
+            "--cmd-pattern",
+            help="Regular expression matching training processes' command lines (ranks started by "
+            "`trainguard launch` need none: their launchers register them).",
+        ),
         click.option("--disable", multiple=True, help="Disable a source by name (repeatable)."),
         click.option(
             "--interval", "intervals", multiple=True, metavar="SOURCE=SECONDS", help="Override an interval."

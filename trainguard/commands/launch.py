@@ -13,6 +13,16 @@ exporter classify the exit by that code.  Slurm itself signals every process of 
 ``scancel`` the training process may get the signal twice (from Slurm and forwarded); once the
 child is gone the launcher ignores them, so a late one cannot replace the child's exit code.
 
+The node exporter hears from the launcher on its reporter socket (Unix datagrams; never waited
+for, never fatal).  Once CMD runs, the launcher registers it (a ``RankRegistration``: job, node,
+rank, local rank, CMD's pid and its own), in the background and again every
+``--register-interval``, a failed send sooner: the exporter follows the rank and its children with
+no process selection of its own, also when it starts after the launcher.  When CMD exits, the
+launcher sends its exit status (a ``ProcessExit``: the code, or the signal and 128 + it) before
+exiting itself: the exporter cannot read the status of a process it did not start, and a rank
+killed by SIGKILL says nothing itself -- without this, a crash was blamed on the first survivor
+to report a broken connection.
+
 Rank 0 publishes the job's spec (machines = the step's nodes, standbys = the allocation's other
 nodes) to the jobs topic, signed with the ``launcher`` key, in the background: the training
 starts at once and never waits for TrainGuard.  Kafka unreachable or no signing key: the attempts
@@ -27,11 +37,13 @@ Readiness: once CMD runs (and, on rank 0, the spec is published or given up on) 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -50,11 +62,18 @@ from trainguard.schemas.config import ConfigError, load_config
 
 if TYPE_CHECKING:
     from trainguard.launch_env import LaunchPlan
+    from trainguard.schemas.base import Event
+    from trainguard.schemas.workload import ProcessExit
 
 #: signals passed on to the training process.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 #: how long a launcher whose training exited waits for a publish still under way.
 EXIT_GRACE_S = 2.0
+#: how long the exit report is retried while the exporter's socket queue is full (a missing or
+#: dead exporter is not waited for).
+EXIT_REPORT_S = 1.0
+#: the first retry of a failed registration (doubling up to ``--register-interval``).
+REGISTER_RETRY_S = 0.5
 PREFIX = "trainguard launch:"
 
 
@@ -162,6 +181,142 @@ class Forwarder:
                 self.child.send_signal(signum)
 
 
+class ExporterLink:
+    """Datagrams to the node exporter's reporter socket: never blocks, never raises."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sent = 0
+        self.failures = 0
+        #: the errno and text of the last failed send.
+        self.errno = 0
+        self.error = ""
+        self._lock = threading.Lock()  # the registration thread and the main thread both send
+        self.sock: socket.socket | None = None
+        try:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.sock.setblocking(False)
+        except OSError as exc:  # out of file descriptors: the training runs on, unreported
+            self.errno, self.error = exc.errno or 0, exc.strerror or str(exc)
+
+    def send(self, event: Event) -> bool:
+        from trainguard.schemas.codec import encode
+
+        with self._lock:
+            try:
+                if self.sock is None:
+                    raise OSError(self.errno, self.error or "no socket")
+                self.sock.sendto(encode(event), self.path)
+            except OSError as exc:  # no exporter, a stale socket, its queue full
+                self.failures += 1
+                self.errno, self.error = exc.errno or 0, exc.strerror or str(exc)
+                return False
+            self.sent += 1
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+
+
+class Registration:
+    """Registers the rank with the node exporter now and every ``interval_s`` (on a thread); a
+    failed send is retried from :data:`REGISTER_RETRY_S`, doubling up to ``interval_s``."""
+
+    def __init__(self, link: ExporterLink, plan: LaunchPlan, pid: int, interval_s: float) -> None:
+        from trainguard.schemas.workload import RankRegistration
+
+        self.link, self.interval_s = link, interval_s
+        self.event = RankRegistration(
+            job=plan.job,
+            node=plan.node,
+            rank=plan.rank,
+            local_rank=plan.local_rank,
+            pid=pid,
+            launcher_pid=os.getpid(),
+            ts_ms=now_ms(),
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainguard-launch-register", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(1.0)
+
+    def _run(self) -> None:
+        backoff = Backoff(initial_s=REGISTER_RETRY_S, max_s=self.interval_s, jitter=0.2)
+        failing = False
+        while not self._stop.is_set():
+            if self.link.send(self.event):
+                if failing:
+                    say(f"rank {self.event.rank} registered with the node exporter at {self.link.path}")
+                failing = False
+                backoff.reset()
+                delay = self.interval_s
+            else:
+                if not failing:  # said once per outage: a rank without exporter trains on quietly
+                    say(
+                        f"node exporter not reachable at {self.link.path} ({self.link.error}): "
+                        f"rank {self.event.rank} not registered yet; retrying"
+                    )
+                failing = True
+                delay = backoff.next_delay()
+            self._stop.wait(delay)
+
+
+def exit_event(plan: LaunchPlan, pid: int, returncode: int, ts_ms: int) -> ProcessExit:
+    """The ``ProcessExit`` of the rank's process as its launcher saw it (``returncode`` as
+    ``subprocess`` gives it: negative for a signal).
+
+    >>> from types import SimpleNamespace
+    >>> plan = SimpleNamespace(job="llm", node="n2", rank=3)
+    >>> e = exit_event(plan, 4711, -9, 1_700_000_000_000)
+    >>> e.exit_code, e.signal, e.rank, e.role.value, e.reason
+    (137, 9, 3, 'main', 'killed by signal 9 (SIGKILL), seen by its launcher')
+    >>> exit_event(plan, 4711, 1, 0).reason
+    'exited with code 1, seen by its launcher'
+    """
+    from trainguard.schemas.enums import ProcessRole
+    from trainguard.schemas.workload import ProcessExit
+
+    sig = -returncode if returncode < 0 else None
+    if sig is not None:
+        try:
+            name = f" ({signal.Signals(sig).name})"
+        except ValueError:
+            name = ""
+        reason = f"killed by signal {sig}{name}, seen by its launcher"
+    else:
+        reason = f"exited with code {returncode}, seen by its launcher"
+    return ProcessExit(
+        node=plan.node,
+        ts_ms=ts_ms,
+        pid=pid,
+        job=plan.job,
+        rank=plan.rank,
+        role=ProcessRole.MAIN,
+        exit_code=exit_code(returncode),
+        signal=sig,
+        reason=reason,
+    )
+
+
+def report_exit(link: ExporterLink, event: ProcessExit) -> bool:
+    """Send the rank's exit; while the exporter's queue is full, retry for :data:`EXIT_REPORT_S`."""
+    deadline = time.monotonic() + EXIT_REPORT_S
+    while not link.send(event):
+        if link.errno not in (errno.EAGAIN, errno.ENOBUFS) or time.monotonic() >= deadline:
+            say(f"exit of rank {event.rank} not reported to the node exporter at {link.path}: {link.error}")
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def write_ready_file(path: str, body: dict[str, Any]) -> None:
     """``body`` as JSON at ``path``, atomically (a reader never sees half a file)."""
     target = Path(path)
@@ -220,7 +375,7 @@ def _option_error(message: str) -> str:
     return f"{name}: {message[m.end() :]}" if m.group(1) else message[m.end() :]
 
 
-_OPTION_NAMES = {"publish_timeout_s": "--publish-timeout"}
+_OPTION_NAMES = {"publish_timeout_s": "--publish-timeout", "register_interval_s": "--register-interval"}
 
 
 @click.command("launch", context_settings={"allow_interspersed_args": False})
@@ -238,6 +393,14 @@ _OPTION_NAMES = {"publish_timeout_s": "--publish-timeout"}
     default="",
     help="The node exporter's reporter socket (default: $TRAINGUARD_REPORTER_SOCKET or "
     "/run/trainguard/reporter.sock). May hold {node}, {job_id}, {step_id}, {rank}, {local_rank}.",
+)
+@click.option(
+    "--register-interval",
+    "register_interval_s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds between registrations of the rank with the node exporter (at that socket).",
 )
 @click.option(
     "--ready-file", default="", help="Write this JSON file once ready (same placeholders as above)."
@@ -307,6 +470,9 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
         say(f"{command[0]}: {exc.strerror or exc}")
         ctx.exit(126)
     forwarder.attach(child)
+    link = ExporterLink(plan.reporter_socket)
+    registration = Registration(link, plan, child.pid, cfg.register_interval_s)
+    registration.start()
     publisher: threading.Thread | None = None
     if plan.publishes:
 
@@ -319,8 +485,13 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
         if plan.rank == 0 and plan.publish and plan.restart:
             say(f"step restarted by the action service (TRAINGUARD_RESTART={plan.restart}): its spec stands")
         signal_ready(plan, child.pid, SpecOutcome())
-    code = exit_code(child.wait())
+    returncode = child.wait()
+    ended_ms = now_ms()
     forwarder.ignore()
+    registration.stop()
+    report_exit(link, exit_event(plan, child.pid, returncode, ended_ms))
+    link.close()
+    code = exit_code(returncode)
     if publisher is not None and publisher.is_alive():
         publisher.join(EXIT_GRACE_S)
         if publisher.is_alive():

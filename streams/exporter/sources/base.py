@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from trainguard.schemas.base import Event
 from trainguard.schemas.telemetry import SourceHealth
 from trainguard.streams.exporter.config import ExporterConfig
+from trainguard.streams.exporter.ranks import RankRegistry
 
 
 class Source(Protocol):
@@ -52,6 +53,9 @@ class SourceContext:
     once: bool = False
     #: ``dropped(reason, n)``: a source lost ``n`` records it took in (the exporter's metrics).
     dropped: Callable[[str, int], None] = _uncounted
+    #: the ranks launchers registered (the reporter source files them, the process source follows
+    #: them); one per exporter, shared with its stack and Flight Recorder captures.
+    ranks: RankRegistry = field(default_factory=RankRegistry)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -1,19 +1,23 @@
 """``process`` source: the job's training processes on this node, their process trees, and their
 exits.
 
-Training processes are selected by config (pids, a cgroup, or a command-line pattern); their
-trees take in every descendant, so dataloader workers (torch names them ``pt_data_worker``) and
-checkpoint writers are found too -- the paper's process-tree step of stack aggregation (§5).
+Training processes are the ranks their launchers registered (``trainguard launch``: no
+configuration needed; :mod:`trainguard.streams.exporter.ranks`) and those selected by config (pids,
+a cgroup, or a command-line pattern); their trees take in every descendant, so dataloader workers
+(torch names them ``pt_data_worker``) and checkpoint writers are found too -- the paper's
+process-tree step of stack aggregation (§5).  A registered process carries its registration's
+rank and job, and its descendants inherit them.
 When a tracked process ends, a :class:`~trainguard.schemas.workload.ProcessExit` is published: with the
 exit code or signal when the process was seen as a zombie (``/proc/PID/stat`` field 52 holds its
 wait status), otherwise with the reason alone (a non-parent cannot wait() for it; the reporter
 inside the process reports its own exit reason).  The same discovery serves stack capture.
 Processes are read through :class:`trainguard.infra.proctable.ProcTable` on the configured root's ``proc``.
 
-Every round (with a configured job) also publishes a :class:`~trainguard.schemas.workload.RankLiveness`:
-the ranks alive on this node (none, when the job does not run here) and their states, keyed by
-job, so the worker judging the job's progress knows which machines still speak -- a frozen or
-lost machine sends neither steps nor liveness, and is found long before a collective timeout.
+Every round also publishes a :class:`~trainguard.schemas.workload.RankLiveness` for the configured
+job and for each job learnt from registrations: the ranks alive on this node (none, when the job
+does not run here) and their states, keyed by job, so the worker judging the job's progress knows
+which machines still speak -- a frozen or lost machine sends neither steps nor liveness, and is
+found long before a collective timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +34,7 @@ from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.enums import ProcessRole
 from trainguard.schemas.workload import ProcessExit, ProcessInfo, RankLiveness
 from trainguard.streams.exporter.config import ProcessConfig
+from trainguard.streams.exporter.ranks import RankRegistry, RegisteredRank
 from trainguard.streams.exporter.sources.base import SourceContext, read_text, register
 
 log = logging.getLogger(__name__)
@@ -50,7 +56,8 @@ def decode_wait_status(status: int) -> tuple[int | None, int | None]:
 
 @dataclass(frozen=True)
 class TrackedProcess:
-    """One process of a training process tree, with its role and rank (-1 if unknown)."""
+    """One process of a training process tree, with its role, rank (-1 if unknown) and job ("" if
+    selected by config: the exporter's job)."""
 
     pid: int
     ppid: int
@@ -61,6 +68,7 @@ class TrackedProcess:
     role: ProcessRole
     rank: int
     exit_status: int | None = None
+    job: str = ""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -107,9 +115,15 @@ def select_pids(
 
 
 def build_tree(
-    cfg: ProcessConfig, table: ProcTable, stats: dict[int, ProcStat], selected: set[int]
+    cfg: ProcessConfig,
+    table: ProcTable,
+    stats: dict[int, ProcStat],
+    selected: set[int],
+    registered: Mapping[int, RegisteredRank] | None = None,
 ) -> list[TrackedProcess]:
-    """Selected roots (no selected ancestor) and all their descendants, with roles and ranks."""
+    """Selected roots (no selected ancestor) and all their descendants, with roles and ranks; a
+    ``registered`` process (selected too) has its registration's rank and job."""
+    registered = registered or {}
     children: dict[int, list[int]] = {}
     for st in stats.values():
         children.setdefault(st.ppid, []).append(st.pid)
@@ -125,14 +139,16 @@ def build_tree(
 
     ckpt = re.compile(cfg.checkpoint_pattern) if cfg.checkpoint_pattern else None
     out: list[TrackedProcess] = []
-    stack: list[tuple[int, int | None]] = [
-        (p, None) for p in sorted(selected) if not has_selected_ancestor(p)
+    stack: list[tuple[int, int | None, str]] = [
+        (p, None, "") for p in sorted(selected) if not has_selected_ancestor(p)
     ]
     while stack:
-        pid, parent_rank = stack.pop(0)
+        pid, parent_rank, job = stack.pop(0)
         st = stats[pid]
         cmdline = table.cmdline(pid)
-        own = rank_of(table, pid, cfg.rank_env)
+        reg = registered.get(pid)
+        own = reg.rank if reg is not None else rank_of(table, pid, cfg.rank_env)
+        job = reg.job if reg is not None else job
         rank = own if own is not None else parent_rank
         if st.comm == DATALOADER_COMM:
             role = ProcessRole.DATALOADER
@@ -153,17 +169,25 @@ def build_tree(
                 role=role,
                 rank=-1 if rank is None else rank,
                 exit_status=st.exit_status,
+                job=job,
             )
         )
-        stack.extend((c, rank) for c in sorted(children.get(pid, [])))
+        stack.extend((c, rank, job) for c in sorted(children.get(pid, [])))
     return out
 
 
-def discover(cfg: ProcessConfig, proc: Path, cgroup_root: Path) -> list[TrackedProcess]:
-    """The job's process trees on this node right now (``proc``: the procfs directory)."""
+def discover(
+    cfg: ProcessConfig, proc: Path, cgroup_root: Path, ranks: RankRegistry | None = None
+) -> list[TrackedProcess]:
+    """The job's process trees on this node right now (``proc``: the procfs directory), with the
+    ranks registered in ``ranks`` (when ``cfg.registered``)."""
     table = ProcTable(proc)
+    follow = ranks if ranks is not None and cfg.registered else None
+    taken_at = follow.clock() if follow is not None else 0.0
     stats = table.stats()
-    return build_tree(cfg, table, stats, select_pids(cfg, table, cgroup_root, stats))
+    registered = follow.resolve(stats, taken_at) if follow is not None else {}
+    selected = select_pids(cfg, table, cgroup_root, stats) | set(registered)
+    return build_tree(cfg, table, stats, selected, registered)
 
 
 class ProcessSource:
@@ -176,10 +200,11 @@ class ProcessSource:
         self.cgroup_root = ctx.cfg.sys_path("/sys/fs/cgroup")
         self.known: dict[tuple[int, int], TrackedProcess] = {}
         self.reported: set[tuple[int, int]] = set()
-        self.seq = 0
+        #: job -> the sequence number of its last liveness.
+        self.seq: dict[str, int] = {}
 
     def snapshot(self) -> list[TrackedProcess]:
-        return discover(self.cfg, self.proc, self.cgroup_root)
+        return discover(self.cfg, self.proc, self.cgroup_root, self.ctx.ranks)
 
     def _exit(self, p: TrackedProcess, reason: str) -> ProcessExit:
         code = sig = None
@@ -190,7 +215,7 @@ class ProcessSource:
             node=self.ctx.node,
             ts_ms=now_ms(),
             pid=p.pid,
-            job=self.ctx.job,
+            job=p.job or self.ctx.job,
             rank=p.rank,
             role=p.role,
             exit_code=code,
@@ -210,32 +235,35 @@ class ProcessSource:
                 events.append(self._exit(p, "process ended (exit status not visible to a non-parent)"))
         self.reported &= set(current)  # forget reaped zombies
         self.known = current
-        live = self._liveness(list(current.values()))
-        if live is not None:
-            events.append(live)
+        procs = list(current.values())
+        jobs = [self.ctx.job] if self.ctx.job else []
+        if self.cfg.registered:
+            jobs += [j for j in self.ctx.ranks.jobs() if j and j != self.ctx.job]
+        events.extend(self._liveness(job, procs) for job in jobs)
         return events
 
-    def _liveness(self, procs: list[TrackedProcess]) -> RankLiveness | None:
-        """The ranks whose main process lives here (a zombie is dead); None without a job.  Sent
-        with no rank too: the node is up while the job is stopped or runs elsewhere, which keeps
-        a recovery's restart (ranks gone a while) from looking like a silent machine."""
+    def _liveness(self, job: str, procs: list[TrackedProcess]) -> RankLiveness:
+        """The ranks of ``job`` whose main process lives here (a zombie is dead).  Sent with no
+        rank too: the node is up while the job is stopped or runs elsewhere, which keeps a
+        recovery's restart (ranks gone a while) from looking like a silent machine."""
         mains = {
             p.rank: p.state
             for p in procs
-            if p.role is ProcessRole.MAIN and p.rank >= 0 and p.state not in "ZX"
+            if p.role is ProcessRole.MAIN
+            and p.rank >= 0
+            and p.state not in "ZX"
+            and (p.job or self.ctx.job) == job
         }
-        if not self.ctx.job:
-            return None
-        self.seq += 1
+        self.seq[job] = self.seq.get(job, 0) + 1
         ranks = sorted(mains)
         return RankLiveness(
-            job=self.ctx.job,
+            job=job,
             node=self.ctx.node,
             ts_ms=now_ms(),
             ranks=ranks,
             states=[mains[r][:4] for r in ranks],
             interval_s=max(0.05, self.cfg.interval_s),
-            seq=self.seq,
+            seq=self.seq[job],
         )
 
     def close(self) -> None:

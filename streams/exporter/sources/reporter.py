@@ -14,6 +14,11 @@ claiming another job is refused.  Only with neither does the sender's job stand.
 counted per reason (:data:`REASONS`) and logged with the sender's pid and uid; nothing refused is
 published.  Decoding goes through the wire codec, and only :data:`ACCEPTED` events pass.
 
+Launchers (``trainguard launch``) send here too: their rank's exit status, as a ``ProcessExit``,
+and a :class:`~trainguard.schemas.workload.RankRegistration`, which is not published but filed in
+the exporter's rank registry (:mod:`trainguard.streams.exporter.ranks`) under the sender's
+kernel-verified pid, for the process source to follow.
+
 Why not ``SO_PEERCRED``: it gives the credentials of the peer of a *connected stream* socket,
 taken at ``connect()``; an unconnected datagram socket has no peer.  The datagram equivalent is
 ``SO_PASSCRED`` on the receiver plus ``recvmsg`` ancillary ``SCM_CREDENTIALS``: the kernel
@@ -40,13 +45,13 @@ from typing import Any
 
 from trainguard.schemas.base import Event
 from trainguard.schemas.codec import DecodeError, decode
-from trainguard.schemas.workload import LogLine, ProcessExit, TrainingStep
+from trainguard.schemas.workload import LogLine, ProcessExit, RankRegistration, TrainingStep
 from trainguard.streams.exporter.sources.base import SourceContext, register
 
 log = logging.getLogger(__name__)
 
-#: what a training process may send; anything else is refused.
-ACCEPTED = (TrainingStep, ProcessExit, LogLine)
+#: what a training process (or its launcher) may send; anything else is refused.
+ACCEPTED = (TrainingStep, ProcessExit, LogLine, RankRegistration)
 RCVBUF = 8 * 1024 * 1024
 #: largest datagram read (the reporter sends at most ~70 KiB).
 MAX_DATAGRAM = 1 << 20
@@ -54,8 +59,10 @@ MAX_DATAGRAM = 1 << 20
 _UCRED = struct.Struct("iII")
 _ANCBUF = socket.CMSG_SPACE(_UCRED.size)
 #: why a datagram or event is refused: not a valid accepted event; sent by a uid not allowed;
-#: claims a job other than its sender's; no credentials attached (should not happen on Linux).
-REASONS = ("invalid", "uid", "job", "no_credentials")
+#: claims a job other than its sender's; no credentials attached (should not happen on Linux); a
+#: rank registration that cannot be followed (its sender outside the exporter's pid namespace,
+#: or the registry full).
+REASONS = ("invalid", "uid", "job", "no_credentials", "registration")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +127,7 @@ def accept(raw: bytes, node: str, job: str) -> Event:
     """Decode one event; fill in ``node`` if empty; bind it to ``job`` (its sender's job, "" =
     unbound: the event's own stands).  Raise :class:`Rejected` for anything not accepted."""
     try:
-        event = decode(raw)
+        event = decode(raw, local=True)
     except DecodeError as exc:
         raise Rejected("invalid", str(exc)) from None
     if not isinstance(event, ACCEPTED):
@@ -219,13 +226,28 @@ class ReporterSource:
         while self._queue:
             raw, peer = self._queue.popleft()
             try:
-                out.append(accept(raw, self.ctx.node, self.job_of(peer)))
+                event = accept(raw, self.ctx.node, self.job_of(peer))
             except Rejected as exc:
                 self._reject(exc.reason, str(exc), peer)
+                continue
+            if isinstance(event, RankRegistration):
+                self._register(event, peer)
+            else:
+                out.append(event)
         if self.overflow > self._overflow_logged:
             self._overflow_logged = self.overflow
             log.warning("reporter: %d events over the in-memory bound were dropped", self.overflow)
         return out
+
+    def _register(self, reg: RankRegistration, peer: Peer) -> None:
+        if self.ctx.ranks.add(reg, peer.pid):
+            return
+        why = (
+            "its launcher is not visible in the exporter's pid namespace"
+            if peer.pid <= 0
+            else f"{self.ctx.ranks.max_ranks} launchers are registered already"
+        )
+        self._reject("registration", f"rank {reg.rank} of job {reg.job} not followed: {why}", peer)
 
     def close(self) -> None:
         self._closed.set()
