@@ -33,6 +33,16 @@ class Source(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Watching:
+    """What a source watched in its latest round and what it skipped, with why (the heartbeat
+    reports it: the ``nic`` source's interfaces)."""
+
+    watched: tuple[str, ...] = ()
+    #: (name, reason) pairs.
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
 def _uncounted(reason: str, n: int) -> None:
     """A context built outside the runner (a test building a source) counts its drops nowhere."""
 
@@ -52,6 +62,9 @@ class SourceContext:
     once: bool = False
     #: ``dropped(reason, n)``: a source lost ``n`` records it took in (the exporter's metrics).
     dropped: Callable[[str, int], None] = _uncounted
+    #: source name -> what it watched in its latest round (replaced whole each round, so the
+    #: heartbeat's thread reads a consistent value).
+    watching: dict[str, Watching] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
