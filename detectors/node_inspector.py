@@ -137,6 +137,8 @@ class NodeInspector:
                 "carrier": None if n.carrier is None else int(n.carrier),
                 "carrier_changes": n.carrier_changes,
                 "carrier_changes_prev": prev,
+                # Not seen up by its exporter yet: down is its resting state, not a fault.
+                "never_up": int(n.never_up),
             }
             if n.kind == "ib":
                 sample["port_state"] = n.operstate

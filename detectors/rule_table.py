@@ -490,14 +490,18 @@ def nic_fields(sample: Mapping[str, Any]) -> dict[str, Any]:
 
     Input keys: ``interface``, ``operstate`` (sysfs: up/down/lowerlayerdown/...), ``carrier``
     (0/1), ``carrier_changes`` and ``carrier_changes_prev`` (sysfs counter), ``port_state``
-    (IB: ACTIVE/DOWN/INIT/ARMED).  Derived: ``carrier_changes_growth``.
+    (IB: ACTIVE/DOWN/INIT/ARMED), ``never_up`` (the exporter has not seen the interface up).
+    Derived: ``carrier_changes_growth``; ``never_up`` is always 0 or 1 (absent: 0, an interface
+    that has been up -- what samples of exporters that do not tell meant).
 
-    >>> nic_fields({"interface": "ib0", "carrier_changes": 9, "carrier_changes_prev": 5})
-    {'interface': 'ib0', 'carrier_changes': 9, 'carrier_changes_prev': 5, 'carrier_changes_growth': 4.0}
+    >>> f = nic_fields({"interface": "ib0", "carrier_changes": 9, "carrier_changes_prev": 5})
+    >>> f["carrier_changes_growth"], f["never_up"]
+    (4.0, 0)
     """
     if not isinstance(sample, Mapping):
         return {}
     out: dict[str, Any] = {k: v for k, v in sample.items() if isinstance(k, str)}
+    out["never_up"] = 1 if sample.get("never_up") in (True, 1) else 0
     out["carrier_changes_growth"] = _growth(sample, "carrier_changes")
     # IB sysfs state reads "1: DOWN" / "4: ACTIVE": keep the word.
     if isinstance(out.get("port_state"), str):

@@ -114,14 +114,24 @@ class NicSample:
     counters: dict[str, int] = field(
         default_factory=dict, metadata=bounds(0, 2**64 - 1, max_len=256, max_items=1024)
     )
+    #: the interface has not been up since the exporter started (this boot): sampled, but its
+    #: being down is not a fault (an unused port, one never cabled) -- one that was up and went
+    #: down is.
+    never_up: bool = False
 
 
 @register
 @dataclass(frozen=True)
 class NicSampleBatch(Event):
-    """All interfaces of one node (exporter ``nic`` source)."""
+    """The watched interfaces of one node (exporter ``nic`` source).
+
+    Version 2 added ``NicSample.never_up``; a version 1 batch reads as one whose interfaces have
+    all been up (every down one a fault, as version 1 exporters meant it).
+    """
 
     TYPE = "nic_batch"
+    VERSION = 2
+    UPGRADES = {1: dict}  # v1 -> v2: the fields are the same, ``never_up`` takes its default
     node: str = field(metadata=NAME)
     ts_ms: int = field(metadata=TS_MS)
     nics: list[NicSample] = field(default_factory=list, metadata=bounds(max_items=10_000))
@@ -140,15 +150,45 @@ class SourceHealth:
     last_error: str = field(default="", metadata=bounds(max_len=4096))
 
 
+#: most interfaces an exporter heartbeat names in each of its lists (the totals count them all).
+MAX_NICS_LISTED = 1024
+
+
+@dataclass(frozen=True)
+class SkippedNic:
+    """An interface the exporter's ``nic`` source does not watch, and why (``virtual: bridge``,
+    ``nic.exclude``, ``excluded by NCCL_SOCKET_IFNAME``, ``not in NCCL_IB_HCA``, ...)."""
+
+    name: str = field(metadata=NAME)
+    reason: str = field(metadata=NAME)
+
+
 @register
 @dataclass(frozen=True)
 class Heartbeat(Event):
-    """Periodic liveness of an exporter, worker or action service, with its sources' health."""
+    """Periodic liveness of an exporter, worker or action service, with its sources' health.
+
+    Version 2 added what an exporter's ``nic`` source watches (``nics_*``, empty elsewhere); a
+    version 1 heartbeat reads as one that names no interface.
+    """
 
     TYPE = "heartbeat"
+    VERSION = 2
+    UPGRADES = {1: dict}  # v1 -> v2: the fields are the same, the new ones take their defaults
     node: str = field(metadata=NAME)
     component: str = field(metadata=NAME)  # exporter / worker / actions / reporter
     ts_ms: int = field(metadata=TS_MS)
     seq: int = field(default=0, metadata=U64)
     job: str = field(default="", metadata=NAME)
     sources: list[SourceHealth] = field(default_factory=list, metadata=bounds(max_items=1024))
+    #: exporters: the interfaces the ``nic`` source watches (a NIC-down fault can only come from
+    #: these), sorted, at most ``nic.max_listed`` of them ...
+    nics_watched: list[str] = field(
+        default_factory=list, metadata=bounds(max_len=256, max_items=MAX_NICS_LISTED)
+    )
+    #: ... and how many it watches in all.
+    nics_watched_total: int = field(default=0, metadata=U64)
+    #: the interfaces it skipped, with why (sorted by name, at most ``nic.max_listed``) ...
+    nics_skipped: list[SkippedNic] = field(default_factory=list, metadata=bounds(max_items=MAX_NICS_LISTED))
+    #: ... and how many it skipped in all.
+    nics_skipped_total: int = field(default=0, metadata=U64)

@@ -49,6 +49,12 @@ def prepare_machine_root(cluster_dir: Path, machine: str) -> Path:
         (nic / name).write_text(value + "\n")
     for name in ("rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped"):
         (nic / "statistics" / name).write_text("0\n")
+    # The exporter watches only interfaces with hardware behind them (a ``device`` link), as on
+    # a real machine, where ib0's leads to its HCA's PCI function.
+    pci = root / "sys" / "devices" / "pci0000:00" / "0000:5e:00.0"
+    pci.mkdir(parents=True, exist_ok=True)
+    if not (nic / "device").is_symlink():
+        (nic / "device").symlink_to(Path("..", "..", "..", "devices", "pci0000:00", "0000:5e:00.0"))
     proc = root / "proc"
     if not proc.exists():
         proc.symlink_to("/proc")  # processes and host metrics are the real ones of this host

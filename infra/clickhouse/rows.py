@@ -346,6 +346,7 @@ SPECS: tuple[TableSpec, ...] = (
         overrides=(
             Arrays("sources", {"source_names": "name", "source_ok": "ok", "source_errors": "error_count"}),
             Json("sources_json", "sources"),
+            Arrays("nics_skipped", {"nics_skipped_names": "name", "nics_skipped_reasons": "reason"}),
         ),
     ),
     TableSpec("training_steps", TrainingStep),

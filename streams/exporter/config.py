@@ -10,6 +10,7 @@ host 10 s, heartbeat 5 s.
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.schemas.config import load_config
+from trainguard.schemas.telemetry import MAX_NICS_LISTED
 from trainguard.schemas.typecheck import bounds
 from trainguard.schemas.workload import MAX_FR_ENTRIES
 
@@ -60,11 +62,46 @@ class KernelLogConfig:
 
 @dataclass(frozen=True)
 class NicConfig:
+    """Which interfaces the ``nic`` source watches (:mod:`trainguard.streams.exporter.sources.nic`).
+
+    By default the ones that can carry training traffic: every physical interface of
+    ``/sys/class/net`` (one with a ``device`` link), every InfiniBand/RoCE port of
+    ``/sys/class/infiniband``, and what NCCL's variables name; never the host's virtual ones
+    (loopback, bridges, veth, ifb, tun/tap, dummy, bond masters), which are often
+    administratively down on healthy machines.  The heartbeat says what was watched and what was
+    skipped, with why.  Regular expressions are matched at the start of the name (``re.match``);
+    an InfiniBand port is named ``<hca>/<port>`` (``mlx5_0/1``).
+    """
+
     enabled: bool = True
     interval_s: float = field(default=30.0, metadata=_INTERVAL)
-    #: interfaces to skip (regular expression on the name).
-    exclude: str = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
+    #: interfaces never watched, whatever else names them (a regular expression; "" = none).
+    exclude: str = field(default="", metadata=bounds(max_len=4096))
+    #: interfaces watched even though virtual or left out by NCCL's variables (e.g. ``bond0``);
+    #: ``exclude`` still wins.
+    include: str = field(default="", metadata=bounds(max_len=4096))
+    #: NCCL_SOCKET_IFNAME syntax (``eth``, ``=eth0``, ``^docker,lo``): the interfaces it names are
+    #: watched even if virtual, those a ``^`` list names are not.  None = the exporter's own
+    #: NCCL_SOCKET_IFNAME variable (unset: no effect); "" = none.
+    socket_ifname: str | None = field(default=None, metadata=bounds(max_len=4096))
+    #: NCCL_IB_HCA syntax (``mlx5_0:1,mlx5_1``, ``=mlx5_0``, ``^mlx5_4``): when it names HCAs, only
+    #: their ports are watched; a ``^`` list leaves those out.  None = the exporter's own
+    #: NCCL_IB_HCA variable (unset: every port); "" = every port.
+    ib_hca: str | None = field(default=None, metadata=bounds(max_len=4096))
+    #: read the ports of ``/sys/class/infiniband`` at all (off: each is listed as skipped).
     infiniband: bool = True
+    #: most interfaces named in each list of the heartbeat (watched, skipped); the totals count all
+    #: (a Kubernetes node has a veth per pod).
+    max_listed: int = field(default=64, metadata=bounds(0, MAX_NICS_LISTED))
+
+    def __post_init__(self) -> None:
+        for key in ("exclude", "include"):
+            try:
+                re.compile(getattr(self, key))
+            except re.error as exc:
+                raise ValueError(
+                    f"{key}: {getattr(self, key)!r} is not a regular expression: {exc}"
+                ) from None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,14 @@ from trainguard.streams.exporter.config import ExporterConfig, load_exporter_con
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+@pytest.fixture(autouse=True)
+def _no_nccl_interface_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``nic`` source reads NCCL_SOCKET_IFNAME/NCCL_IB_HCA from its environment by default:
+    a test's interfaces must not depend on the shell that runs it."""
+    for var in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A private copy of ``fixtures/root`` (tests flip NICs and append kernel lines in it)."""

@@ -46,6 +46,10 @@ def test_once_print_on_fixture_root(root: Path, tmp_path: Path) -> None:
     assert kinds[-1] == "heartbeat" and all(e["node"] == "n1" for e in events)
     gpu = next(e for e in events if e["schema"] == "gpu_batch")
     assert len(gpu["gpus"]) == 8 and gpu["job"] == "j1"
+    # what the node's exporter watches, and what it skipped with why, is on the printed heartbeat
+    hb = events[-1]
+    assert hb["nics_watched"] == ["eth0", "eth1", "mlx5_0/1", "mlx5_1/1"] and hb["nics_watched_total"] == 4
+    assert hb["nics_skipped"] == [{"name": "lo", "reason": "virtual: loopback"}]
     assert not (tmp_path / "never-written").exists()  # --once writes no state
 
 

@@ -48,7 +48,8 @@ def test_docstring_examples(module: str) -> None:
 
 
 def test_nic_scan_ethernet_and_infiniband() -> None:
-    nics = {n.name: n for n in nic.scan(ROOT / "sys/class", r"^lo$", infiniband=True)}
+    result = nic.scan(ROOT / "sys/class")
+    nics = {n.name: n for n in result.samples}
     assert sorted(nics) == ["eth0", "eth1", "mlx5_0/1", "mlx5_1/1"]
     eth0 = nics["eth0"]
     assert (eth0.operstate, eth0.carrier, eth0.carrier_changes) == ("up", True, 2)
@@ -66,11 +67,19 @@ def test_nic_scan_ethernet_and_infiniband() -> None:
     assert ib.counters["link_downed"] == 1 and ib.counters["port_rcv_errors"] == 12
     assert ib.rx_bytes == 250000000 * 4  # IB data counters are in 4-byte words
     assert (nics["mlx5_1/1"].operstate, nics["mlx5_1/1"].carrier) == ("down", False)
+    # the scan marks nothing: never_up is the source's (it needs to remember past rounds)
+    assert not any(n.never_up for n in result.samples)
 
 
-def test_nic_default_exclude_skips_loopback() -> None:
-    names = [n.name for n in nic.scan(ROOT / "sys/class", NicConfig().exclude, infiniband=False)]
-    assert names == ["eth0", "eth1"]
+def test_nic_default_skips_loopback_by_its_type() -> None:
+    sel = nic.Selection.from_config(NicConfig(infiniband=False), environ={})
+    result = nic.scan(ROOT / "sys/class", sel)
+    assert [n.name for n in result.samples] == ["eth0", "eth1"]
+    assert result.skipped == [
+        ("lo", "virtual: loopback"),
+        ("mlx5_0/1", "nic.infiniband: false"),
+        ("mlx5_1/1", "nic.infiniband: false"),
+    ]
 
 
 def test_host_parsers_on_fixture_proc() -> None:

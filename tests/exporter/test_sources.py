@@ -34,6 +34,8 @@ def test_one_round_of_every_source(root: Path, tmp_path: Path) -> None:
     assert hostev.process_count == 10 and [d.mount for d in hostev.disks] == ["/var/log", "/mnt/local ssd"]
     (nics,) = _by_type(events, NicSampleBatch)
     assert [n.name for n in nics.nics] == ["eth0", "eth1", "mlx5_0/1", "mlx5_1/1"]
+    # eth1 and mlx5_1/1 are down and this exporter has not seen them up: sampled, not faults
+    assert [n.name for n in nics.nics if n.never_up] == ["eth1", "mlx5_1/1"]
     logs = _by_type(events, LogLine)
     assert len(logs) == 18 and all(e.source == "kernel" and e.node == "node-t" for e in logs)
     assert [e.seq for e in logs] == sorted({e.seq for e in logs})

@@ -34,6 +34,16 @@ class Source(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Watching:
+    """What a source watched in its latest round and what it skipped, with why (the heartbeat
+    reports it: the ``nic`` source's interfaces)."""
+
+    watched: tuple[str, ...] = ()
+    #: (name, reason) pairs.
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
 def _uncounted(reason: str, n: int) -> None:
     """A context built outside the runner (a test building a source) counts its drops nowhere."""
 
@@ -56,6 +66,9 @@ class SourceContext:
     #: the ranks launchers registered (the reporter source files them, the process source follows
     #: them); one per exporter, shared with its stack and Flight Recorder captures.
     ranks: RankRegistry = field(default_factory=RankRegistry)
+    #: source name -> what it watched in its latest round (replaced whole each round, so the
+    #: heartbeat's thread reads a consistent value).
+    watching: dict[str, Watching] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
