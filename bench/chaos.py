@@ -4,7 +4,7 @@
 
 Starts a private stack of its own (``trainguard stack up`` with ``TRAINGUARD_HOME`` in a temporary
 directory, free ports, control-plane signing on) and always stops it at the end (``trainguard stack
-down``, also after a failure or Ctrl-C): nothing here touches the shared stack in ``./.trainguard``.
+down``, also after a failure or Ctrl-C): nothing here touches the shared stack of the stack home.
 The scenarios run one after the other, each with the real CLI processes it needs (stream workers of
 one group, action services with the ``dry_run`` executor, node exporters); each is bounded in time
 and count (``--small``: the sizes in brackets, for the tests).

@@ -1,15 +1,16 @@
 """Where the demo's incidents spend their time: per fault, the median over runs of each phase.
 
-    .venv/bin/python bench/demo_phases.py .trainguard/demo-runs/run*-summary.json [--json]
+    .venv/bin/python bench/demo_phases.py ~/.local/share/trainguard/demo-runs/run*-summary.json [--json]
 
 Reads the summaries `trainguard demo --summary-json` wrote (``bench/demo_runs.py`` keeps one per
-run) and prints a Markdown table, one row per fault of the scenario: the median over the runs of
-``detect`` (injection -> first detection), ``localise`` (-> a decision naming machines), ``decide``
-(-> the acting decision), ``takeover`` (a hung loader its shadow loader took over: injection ->
-the takeover), each recovery step as the action service timed it (``replenish`` runs
-after the restart, so training does not wait for it), ``first_step`` (the restart's end -> the
-first training step) and ``recovered`` (injection -> stepping again).  A phase an incident did not
-have (a tolerated NIC flap restarts nothing) is left out of its median; "-" where no run had it.
+run in ``<stack home>/demo-runs``) and prints a Markdown table, one row per fault of the scenario:
+the median over the runs of ``detect`` (injection -> first detection), ``localise`` (-> a
+decision naming machines), ``decide`` (-> the acting decision), ``takeover`` (a hung loader its
+shadow loader took over: injection -> the takeover), each recovery step as the action service
+timed it (``replenish`` runs after the restart, so training does not wait for it), ``first_step``
+(the restart's end -> the first training step) and ``recovered`` (injection -> stepping again).
+A phase an incident did not have (a tolerated NIC flap restarts nothing) is left out of its
+median; "-" where no run had it.
 """
 
 from __future__ import annotations

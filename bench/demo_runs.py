@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.infra.config import load_settings
 from trainguard.infra.progress import Progress
 
 
@@ -96,7 +97,7 @@ def _run(run: int, out_dir: Path, exe: Path, demo_args: list[str], bar: Progress
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out-dir", type=Path, default=Path(".trainguard/demo-runs"))
+    parser.add_argument("--out-dir", type=Path, default=load_settings().stack.home_path / "demo-runs")
     parser.add_argument("demo_args", nargs="*", help="extra arguments for `trainguard demo` (after --)")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.infra.config import load_settings
 from trainguard.infra.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +104,7 @@ def table(summaries: list[dict[str, Any]], pg_timeout_s: float, threshold: str) 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out-dir", type=Path, default=ROOT / ".trainguard" / "bench-hangs")
+    ap.add_argument("--out-dir", type=Path, default=load_settings().stack.home_path / "bench-hangs")
     ap.add_argument("--summaries", nargs="*", type=Path, help="read these summaries instead of running")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "demo"))

@@ -4,7 +4,9 @@ Sources, lowest priority first: defaults (the embedded local stack), a YAML file
 (``--config FILE`` or ``$TRAINGUARD_CONFIG``) with sections ``kafka``, ``clickhouse``, ``stack``,
 then environment variables ``TRAINGUARD__<SECTION>__<KEY>``, e.g.
 ``TRAINGUARD__KAFKA__BOOTSTRAP_SERVERS=broker1:9092,broker2:9092``.  ``$TRAINGUARD_HOME`` sets
-the data directory of the embedded stack.  Unknown keys anywhere are errors.
+the stack home (the embedded stack's data, the signing keys, the action service's and the
+worker's state); without it (or ``stack.home``) the home is :func:`default_home`, the same from
+every working directory.  Unknown keys anywhere are errors.
 
 Production points ``kafka`` and ``clickhouse`` at real clusters (with TLS/SASL settings) and sets
 ``stack.embedded: false`` so ``stack up`` refuses to start local servers.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -197,7 +200,8 @@ class StackConfig:
 
     #: False in production: ``stack up`` then refuses to start local servers.
     embedded: bool = True
-    home: str = ".trainguard"
+    #: the stack home; empty: :func:`default_home` (``$TRAINGUARD_HOME`` sets it too).
+    home: str = ""
     kafka_port: int = field(default=19092, metadata=_PORT)
     kafka_controller_port: int = field(default=19093, metadata=_PORT)
     kafka_heap_mb: int = field(default=512, metadata=bounds(128, 65536))
@@ -221,11 +225,65 @@ class StackConfig:
 
     @property
     def home_path(self) -> Path:
-        return Path(self.home).expanduser().resolve()
+        return Path(self.home or default_home()).expanduser().resolve()
 
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser().resolve()
+
+
+def default_home(environ: Mapping[str, str] | None = None) -> Path:
+    """The stack home when neither ``$TRAINGUARD_HOME`` nor ``stack.home`` names one:
+    ``$XDG_DATA_HOME/trainguard``, else ``~/.local/share/trainguard`` -- the same from every
+    working directory (a home relative to the current one found no keys and no state from
+    anywhere else).
+
+    >>> str(default_home({"HOME": "/home/ada"}))
+    '/home/ada/.local/share/trainguard'
+    >>> str(default_home({"HOME": "/home/ada", "XDG_DATA_HOME": "/data/ada"}))
+    '/data/ada/trainguard'
+    """
+    # One per-user rule, root included (not /var/lib/trainguard for root): the CLI runs as root
+    # in containers and CI as often as in a service, and a service names its state directory
+    # anyway (the deployments mount a volume there and set stack.home or --state-dir), so a
+    # root-only default would mostly move a developer's stack somewhere else without a word.
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_DATA_HOME", "")
+    if os.path.isabs(xdg):  # the XDG spec: a relative value is invalid and ignored
+        return Path(xdg) / "trainguard"
+    user_home = env.get("HOME", "")
+    if not os.path.isabs(user_home):
+        try:
+            user_home = str(Path.home())
+        except RuntimeError:
+            raise ConfigError(
+                "no home directory (HOME is unset) to put the stack home in: set TRAINGUARD_HOME"
+            ) from None
+    return Path(user_home) / ".local" / "share" / "trainguard"
+
+
+def home_origin(settings: Settings) -> str:
+    """What chose the stack home of ``settings``, in words (for messages and ``stack status``)."""
+    home, env = settings.stack.home_path, settings.environ
+    if env.get("TRAINGUARD__STACK__HOME"):
+        return "set by $TRAINGUARD__STACK__HOME"
+    if env.get("TRAINGUARD_HOME") and Path(env["TRAINGUARD_HOME"]).expanduser().resolve() == home:
+        return "set by $TRAINGUARD_HOME"
+    if home == default_home(env).resolve():
+        return "the default; $TRAINGUARD_HOME sets another"
+    return "set by stack.home in the config file"
+
+
+def home_note(settings: Settings) -> str:
+    """Which stack home a command used and what chose it: ``stack home /x (the default; ...)``."""
+    return f"stack home {settings.stack.home_path} ({home_origin(settings)})"
+
+
+def with_home_note(settings: Settings, message: str) -> str:
+    """``message``, followed by :func:`home_note` when it names a path in the stack home."""
+    if str(settings.stack.home_path) not in message:
+        return message
+    return f"{message}\n  {home_note(settings)}"
 
 
 #: YAML sections owned by one component each (worker, exporter, action service); each component
@@ -261,7 +319,8 @@ def component_config(settings: Settings, section: str, cls: type[T]) -> T:
 def load_settings(
     path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
 ) -> Settings:
-    """Defaults <- YAML file <- ``TRAINGUARD__*`` env vars; ``$TRAINGUARD_HOME`` sets stack.home."""
+    """Defaults <- YAML file <- ``TRAINGUARD__*`` env vars; ``$TRAINGUARD_HOME`` sets stack.home
+    (:func:`default_home` of ``environ`` when nothing does)."""
     env = dict(os.environ if environ is None else environ)
     path = path or env.get("TRAINGUARD_CONFIG")
     data: dict[str, Any] = load_yaml_file(path) if path else {}
@@ -279,6 +338,8 @@ def load_settings(
     }
     settings = load_config(Settings, data, env_prefix="TRAINGUARD", environ=core_env)
     settings = replace(settings, components=components, environ=env)
+    if not settings.stack.home:
+        settings = replace(settings, stack=replace(settings.stack, home=str(default_home(env))))
     return _derive_embedded_endpoints(settings, data, env)
 
 

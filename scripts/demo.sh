@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
+# The checkout's own stack home (its servers, keys and state stay here, as they always did) unless
+# the caller names one; `trainguard` run by hand elsewhere defaults to ~/.local/share/trainguard.
+export TRAINGUARD_HOME="${TRAINGUARD_HOME:-$PWD/.trainguard}"
 trainguard stack up
 trainguard stack status
 trainguard smoke
-trainguard demo --summary-json .trainguard/demo-summary.json "$@"
+trainguard demo --summary-json "$TRAINGUARD_HOME/demo-summary.json" "$@"

@@ -206,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     summary = json.loads(args.summary.read_text())
     job = summary["job"]
-    run_dir = args.run_dir or ROOT / ".trainguard" / "demo" / job.removeprefix("demo-")
-    kafka = load_settings().kafka
+    settings = load_settings()
+    run_dir = args.run_dir or settings.stack.home_path / "demo" / job.removeprefix("demo-")
+    kafka = settings.kafka
     args.out.mkdir(parents=True, exist_ok=True)
     worker = dict(yaml.safe_load((run_dir / "trainguard.yaml").read_text())["worker"])
     for key in _PROCESS_KEYS:

@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
+# The checkout's own stack home (its servers, keys and state stay here, as they always did) unless
+# the caller names one; `trainguard` run by hand elsewhere defaults to ~/.local/share/trainguard.
+export TRAINGUARD_HOME="${TRAINGUARD_HOME:-$PWD/.trainguard}"
 trainguard stack up
 # CI leaves nothing running behind it; a developer keeps the stack for the next run.
 if [ "${CI:-}" = "true" ]; then trap 'trainguard stack down || true' EXIT; fi

@@ -7,6 +7,7 @@ modern ClickHouse) so every DDL and query is checked on 18.16 and on 26.x.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,6 +19,15 @@ from tests.k8s_fixture import k8s_cluster, k8s_job  # noqa: F401 -- one private 
 from trainguard.infra.clickhouse.store import ClickHouseStore
 from trainguard.infra.config import Settings, load_settings
 from trainguard.infra.stack.manager import Stack
+
+#: the checkout's stack home, as scripts/test.sh sets it: the stack the tests start (or find
+#: running) keeps its data in the checkout, not in the user's default home.
+CHECKOUT_HOME = Path(__file__).resolve().parent.parent / ".trainguard"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test module loads settings; a TRAINGUARD_HOME given by the caller wins.
+    os.environ.setdefault("TRAINGUARD_HOME", str(CHECKOUT_HOME))
 
 
 @pytest.fixture(scope="session")

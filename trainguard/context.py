@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from trainguard.infra.config import Settings, load_settings
+from trainguard.infra.config import Settings, load_settings, with_home_note
 from trainguard.infra.progress import Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,6 +47,15 @@ def progress(
     return Progress(label, total, unit, enabled=not quiet, summary=summary)
 
 
+def home_hint(message: str) -> str:
+    """``message``, and the stack home that was looked in with what chose it when the message
+    names a path there (a key or state not found in a home the user did not expect)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.obj if ctx is not None else None
+    loaded = obj.get("settings") if isinstance(obj, dict) else None
+    return with_home_note(loaded, message) if isinstance(loaded, Settings) else message
+
+
 def friendly_errors(fn: F) -> F:
     """Decorator: report USER_ERRORS as ``Error: ...`` and exit 2 instead of a traceback."""
 
@@ -56,7 +65,7 @@ def friendly_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except Exception as exc:
             if isinstance(exc, user_errors()):
-                raise click.ClickException(str(exc)) from exc
+                raise click.ClickException(home_hint(str(exc))) from exc
             raise
 
     return wrapper  # type: ignore[return-value]

@@ -19,7 +19,7 @@ import click
 import yaml
 
 from trainguard.commands.exporter import exporter_options, run_exporter
-from trainguard.context import friendly_errors, settings
+from trainguard.context import friendly_errors, home_hint, settings
 
 
 @click.command()
@@ -135,9 +135,10 @@ def inject(ctx: click.Context, job: str, machine: str, fault: str, xid: int, clu
     from trainguard_demo.inject import inject as do_inject
 
     if cluster_dir is None:
-        runs = sorted((settings(ctx).stack.home_path / "demo").glob("*/cluster"))
+        demos = settings(ctx).stack.home_path / "demo"
+        runs = sorted(demos.glob("*/cluster"))
         if not runs:
-            raise click.ClickException("no demo cluster found; pass --cluster-dir")
+            raise click.ClickException(home_hint(f"no demo cluster in {demos}; pass --cluster-dir"))
         cluster_dir = str(runs[-1])
     try:
         click.echo(do_inject(Path(cluster_dir), machine, fault, job=job, xid=xid, settings=settings(ctx)))

@@ -13,8 +13,13 @@ The SQL lives in the named queries (:mod:`trainguard.infra.clickhouse.named`: ``
 ``incidents``, ``incident_steps``), which ``trainguard sql`` runs too.
 
 **Incidents**: a decision is an incident; its timeline joins the detection that triggered it
-(detected), the decision (decided), and the action service's events (recovered = the last
-``succeeded`` event, or ``failed``), with durations relative to the source event time.
+(detected), the decision (decided), the action service's events (how the recovery ended) and the
+job's training steps, with durations relative to the source event time (the fault's first sign).
+*Recovered* is the job's first training step after a successful recovery: after its last restart
+(the restarted processes still load, and under Slurm they take ~20 s more to step), or after its
+end when it restarted nothing -- training again, which is what the job lost time to.  The
+procedure's own duration, from the decision to the recovery's end, is *procedure* (``procedure_s``):
+a recovery that took 0.65 s may still leave the job without a step for 5 s.
 """
 
 from __future__ import annotations
@@ -113,12 +118,20 @@ class Incident:
     source_ts_ms: int
     detected_ts_ms: int
     decided_ts_ms: int
+    #: the job's first training step after the recovery (None: not training again yet).
     recovered_ts_ms: int | None = None
     outcome: str = "pending"
+    #: when the recovery procedure ended, whatever its outcome (None: it has not).
+    ended_ts_ms: int | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
 
     def seconds(self, ts: int | None) -> float | None:
         return None if ts is None else round((ts - self.source_ts_ms) / 1000, 3)
+
+    @property
+    def procedure_s(self) -> float | None:
+        """The recovery procedure alone: the decision to the recovery's end."""
+        return None if self.ended_ts_ms is None else round((self.ended_ts_ms - self.decided_ts_ms) / 1000, 3)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +147,7 @@ class Incident:
             "localised_s": self.seconds(self.decided_ts_ms) if self.machines else None,
             "decided_s": self.seconds(self.decided_ts_ms),
             "recovered_s": self.seconds(self.recovered_ts_ms),
+            "procedure_s": self.procedure_s,
             "outcome": self.outcome,
             "steps": self.steps,
         }
@@ -159,6 +173,7 @@ def incidents(
             int(r["decided_ts_ms"]),
             int(r["recovered_ts_ms"]) or None,
             r["outcome"],
+            int(r["ended_ts_ms"]) or None,
         )
         inc.steps = [
             {

@@ -93,12 +93,13 @@ def downsample(rows: list[Any], max_points: int = MAX_POINTS) -> list[Any]:
 
 def phases(inc: dict[str, Any], end_ms: int) -> list[tuple[str, int, int]]:
     """An incident's phases as (name, from ms, to ms): detect (first sign -> detection), localise
-    (-> the decision named machines), decide (-> the decision), recover (-> the recovery's end,
-    or ``end_ms`` while it has not ended).  Empty phases are left out.
+    (-> the decision named machines), decide (-> the decision), recover (the procedure: -> the
+    recovery's end, or ``end_ms`` while it has not ended), resume (-> the job's first training
+    step after it: recovered).  Empty phases are left out.
 
     >>> phases(dict(source_ts_ms=0, detected_ts_ms=500, decided_ts_ms=900, localised_s=0.9,
-    ...             recovered_ts_ms=4000, outcome="succeeded"), 10_000)
-    [('detect', 0, 500), ('localise', 500, 900), ('recover', 900, 4000)]
+    ...             ended_ts_ms=1550, recovered_ts_ms=5100, outcome="succeeded"), 10_000)
+    [('detect', 0, 500), ('localise', 500, 900), ('recover', 900, 1550), ('resume', 1550, 5100)]
     """
     src, det, dec = int(inc["source_ts_ms"]), int(inc["detected_ts_ms"]), int(inc["decided_ts_ms"])
     out = [("detect", src, det)]
@@ -106,9 +107,14 @@ def phases(inc: dict[str, Any], end_ms: int) -> list[tuple[str, int, int]]:
         out.append(("localise", det, dec))
     else:
         out.append(("decide", det, dec))
+    ended = int(inc.get("ended_ts_ms") or 0) or end_ms
     rec = int(inc.get("recovered_ts_ms") or 0)
-    ended = int(inc.get("outcome_ts_ms") or 0)
-    out.append(("recover", dec, rec or ended or end_ms))
+    if rec:
+        # The first step may come before the procedure's end (its replenish step runs after the
+        # restart): the job is training again from there on, whatever the procedure still does.
+        out += [("recover", dec, min(ended, rec)), ("resume", ended, rec)]
+    else:
+        out.append(("recover", dec, ended))
     return [(n, a, b) for n, a, b in out if b > a]
 
 
@@ -161,10 +167,6 @@ def load(
     steps_q = named.get("incident_steps")
     for i in incs:
         i["steps"] = steps_q.run(store, decision=i["decision_id"])
-        ends = [
-            s for s in i["steps"] if s["step"] == "recovery" and s["phase"] in ("succeeded", "failed", "held")
-        ]
-        i["outcome_ts_ms"] = int(ends[-1]["ts_ms"]) if ends else 0
     say("decisions, evictions, standbys")
     decisions = named.get("decisions").run(store, job=job, since_ms=since_ms)
     for d in decisions:

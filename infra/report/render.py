@@ -19,8 +19,15 @@ from plotly.offline import get_plotlyjs
 
 from trainguard.infra.report.data import JobData, ReportData, phases
 
-#: the phases' colours (the same in the legend, the plot and the table).
-PHASE_COLOURS = {"detect": "#f5a623", "localise": "#9b59b6", "decide": "#e74c3c", "recover": "#2ecc71"}
+#: the phases' colours (the same in the legend, the plot and the table); "recover" is the recovery
+#: procedure, "resume" from its end to the job's first training step (see ``data.phases``).
+PHASE_COLOURS = {
+    "detect": "#f5a623",
+    "localise": "#9b59b6",
+    "decide": "#e74c3c",
+    "recover": "#2ecc71",
+    "resume": "#3498db",
+}
 #: above this many incidents the curve's incident labels become hover-only (they would overlap).
 MAX_LABELS = 40
 #: evidence JSON beyond this is cut in the page (the full record is in ClickHouse).
@@ -71,8 +78,8 @@ def _e(v: Any) -> str:
     return html.escape("" if v is None else str(v))
 
 
-def _secs(v: Any) -> str:
-    return "-" if v is None else f"{float(v):.1f}"
+def _secs(v: Any, digits: int = 1) -> str:
+    return "-" if v is None else f"{float(v):.{digits}f}"
 
 
 def _label(inc: dict[str, Any]) -> str:
@@ -160,7 +167,8 @@ def curve_figure(data: ReportData) -> go.Figure:
             name="incident",
             text=[
                 f"{_e(_label(i))}<br>{_e(','.join(i['machines']) or 'job-wide')}<br>"
-                f"recovered {_secs(i['recovered_s'])} s ({_e(i['outcome'])})"
+                f"recovered {_secs(i['recovered_s'])} s, procedure {_secs(i['procedure_s'], 2)} s "
+                f"({_e(i['outcome'])})"
                 for i in data.incidents
             ],
             hoverinfo="text",
@@ -263,8 +271,11 @@ def _outcome(o: str) -> str:
 
 _INCIDENT_COLUMNS = [
     "time", "category", "detection", "machines", "action",
-    "detect s", "localise s", "decide s", "recover s", "outcome", "evidence",
+    "detect s", "localise s", "decide s", "recovered s", "procedure s", "outcome", "evidence",
 ]  # fmt: skip
+
+
+_MTTR_COLUMNS = ["category", "incidents", "recovered", "MTTR s", "worst s", "procedure s"]
 
 
 def _incident_rows(data: ReportData) -> list[list[str]]:
@@ -279,6 +290,7 @@ def _incident_rows(data: ReportData) -> list[list[str]]:
             _secs(i["localised_s"]),
             _secs(i["decided_s"]),
             _secs(i["recovered_s"]),
+            _secs(i["procedure_s"], 2),
             _outcome(i["outcome"]),
             f"<a href='#dec-{_e(i['decision_id'])}'>{_e(i['decision_id'][:12])}</a>",
         ]
@@ -374,7 +386,14 @@ def render(data: ReportData) -> str:
     }
     legend = "".join(f"<span style='background:{c}'>{n}</span>" for n, c in PHASE_COLOURS.items())
     mttr_rows = [
-        [_e(m["fault"]), str(m["incidents"]), str(m["recovered"]), _secs(m["mttr_s"]), _secs(m["worst_s"])]
+        [
+            _e(m["fault"]),
+            str(m["incidents"]),
+            str(m["recovered"]),
+            _secs(m["mttr_s"]),
+            _secs(m["worst_s"]),
+            _secs(m["procedure_s"], 2),
+        ]
         for m in data.mttr
     ]
     ev_rows = [
@@ -437,10 +456,14 @@ def render(data: ReportData) -> str:
 <h2>ETTR over time</h2>
 {divs["tg-ettr"]}
 <h2>Incidents</h2>
-<p class="note">Seconds from the fault's first sign (the source event) to each phase's end.</p>
-{_table(_INCIDENT_COLUMNS, _incident_rows(data), {5, 6, 7, 8})}
+<p class="note">Seconds from the fault's first sign (the source event) to each phase's end;
+recovered: to the job's first training step after its recovery.  Procedure: the recovery procedure
+alone, from the decision to its end (the job may step again only later).</p>
+{_table(_INCIDENT_COLUMNS, _incident_rows(data), {5, 6, 7, 8, 9})}
 <h3>MTTR per category</h3>
-{_table(["category", "incidents", "recovered", "MTTR s", "worst s"], mttr_rows, {1, 2, 3, 4})}
+<p class="note">Fault to training again, over the incidents training again; procedure: their
+recovery procedures' mean.</p>
+{_table(_MTTR_COLUMNS, mttr_rows, {1, 2, 3, 4, 5})}
 <h3>Detection latency</h3>
 {_table(["detection", "category", "count", "p50 s", "p95 s", "max s"], lat_rows, {2, 3, 4, 5})}
 <h2>Machines</h2>

@@ -155,11 +155,16 @@ def _incident(i: int, machine: str, category: str, recovered_after_ms: int | Non
     return [det, dec, *acts]
 
 
+def _step_after(i: int, after_ms: int) -> TrainingStep:
+    """A training step of job ``j`` (rank 0) ending ``after_ms`` after incident ``i``'s detection."""
+    return TrainingStep(job="j", rank=0, step=100 + i, ts_ms=T0 + i * 100_000 + after_ms, step_time_s=1.0)
+
+
 @pytest.fixture
 def incidents_store(store: ClickHouseStore) -> ClickHouseStore:
     store.insert_events(
         [
-            *_incident(1, "m1", "gpu_unavailable", 9_000),  # recovered 10 s after the source
+            *_incident(1, "m1", "gpu_unavailable", 9_000),  # procedure ended 10 s after the source
             *_incident(2, "m2", "gpu_unavailable", 19_000),  # 20 s
             *_incident(3, "m1", "nic", None),  # still pending
             *[
@@ -178,10 +183,17 @@ def incidents_store(store: ClickHouseStore) -> ClickHouseStore:
 
 
 def test_incidents_and_mttr_agree(incidents_store: ClickHouseStore) -> None:
+    # The job steps again 2 s after dec1's procedure ended and 3 s after dec2's.  The step that
+    # ended while dec1's procedure ran (it restarted nothing) and the one during the pending dec3
+    # are not training again.
+    incidents_store.insert_events(
+        [_step_after(1, 700), _step_after(1, 11_000), _step_after(2, 22_000), _step_after(3, 5_000)]
+    )
     rows = ALL["incidents"].run(incidents_store, job="j")
     assert [r["decision_id"] for r in rows] == ["dec1", "dec2", "dec3"]
     r1 = rows[0]
-    assert (r1["detected_s"], r1["localised_s"], r1["decided_s"], r1["recovered_s"]) == (1.0, 1.5, 1.5, 10.0)
+    assert (r1["detected_s"], r1["localised_s"], r1["decided_s"], r1["recovered_s"]) == (1.0, 1.5, 1.5, 12.0)
+    assert (r1["procedure_s"], r1["ended_ts_ms"], rows[1]["recovered_s"]) == (8.5, T0 + 109_000, 23.0)
     assert (r1["category"], r1["kind"], r1["outcome"], list(r1["machines"])) == (
         "gpu_unavailable",
         "gpu_unavailable-rule",
@@ -189,12 +201,14 @@ def test_incidents_and_mttr_agree(incidents_store: ClickHouseStore) -> None:
         ["m1"],
     )
     assert rows[2]["outcome"] == "pending" and rows[2]["recovered_s"] is None
+    assert rows[2]["procedure_s"] is None and rows[2]["ended_ts_ms"] == 0
     assert [r["decision_id"] for r in ALL["incidents"].run(incidents_store, decision="dec2")] == ["dec2"]
     assert ALL["incidents"].run(incidents_store, since_ms=T0 + 150_000)[0]["decision_id"] == "dec2"
     mttr = {r["fault"]: r for r in ALL["mttr_by_category"].run(incidents_store, job="j")}
     assert (mttr["gpu_unavailable"]["incidents"], mttr["gpu_unavailable"]["recovered"]) == (2, 2)
-    assert mttr["gpu_unavailable"]["mttr_s"] == pytest.approx(15.0)
-    assert mttr["gpu_unavailable"]["worst_s"] == pytest.approx(20.0)
+    assert mttr["gpu_unavailable"]["mttr_s"] == pytest.approx(17.5)
+    assert mttr["gpu_unavailable"]["worst_s"] == pytest.approx(23.0)
+    assert mttr["gpu_unavailable"]["procedure_s"] == pytest.approx(13.5)
     assert (mttr["nic"]["incidents"], mttr["nic"]["recovered"]) == (1, 0)
 
 

@@ -116,6 +116,8 @@ def test_report_data_from_the_named_queries(report_store: ClickHouseStore) -> No
     data = report_data.load(report_store, "job", baseline="job-baseline")
     assert [i["category"] for i in data.incidents] == ["gpu_unavailable", "job_hang", "network_error"]
     assert all(i["outcome"] == "succeeded" and i["steps"] for i in data.incidents)
+    # the procedure ended 6 s after the fault, the job stepped again 10.5 s after it
+    assert {(i["recovered_s"], i["procedure_s"]) for i in data.incidents} == {(10.5, 4.8)}
     assert [e["machine"] for e in data.evictions] == ["m1", "m2", "m3"]
     assert len(data.standbys) == 3
     assert data.baseline is not None
@@ -133,8 +135,11 @@ def test_report_data_from_the_named_queries(report_store: ClickHouseStore) -> No
 
 def test_phases_and_downsampling_are_bounded() -> None:
     inc = {"source_ts_ms": 0, "detected_ts_ms": 10, "decided_ts_ms": 10, "localised_s": None,
-           "recovered_ts_ms": 0, "outcome_ts_ms": 0}  # fmt: skip
+           "recovered_ts_ms": 0, "ended_ts_ms": 0}  # fmt: skip
     assert report_data.phases(inc, 50) == [("detect", 0, 10), ("recover", 10, 50)]  # still recovering
+    # stepping again before the procedure's end (its replenish step still runs): no resume phase
+    stepping = {**inc, "ended_ts_ms": 40, "recovered_ts_ms": 30}
+    assert report_data.phases(stepping, 50) == [("detect", 0, 10), ("recover", 10, 30)]
     rows = list(range(12_345))
     thin = report_data.downsample(rows)
     assert len(thin) <= report_data.MAX_POINTS + 1 and thin[0] == 0 and thin[-1] == 12_344
@@ -189,9 +194,9 @@ def test_report_renders_in_a_real_browser(server_store: ClickHouseStore, tmp_pat
     assert "Uncaught" not in dom.stderr, dom.stderr[-2000:]
     assert int(attrs["plots"]) == 3
     assert int(attrs["incidents"]) == len(INCIDENTS)
-    # every incident's phases were drawn: detect, localise, recover (this data has no decide-only phase)
-    assert int(attrs["svg-shapes"]) == 3 * len(INCIDENTS)
-    assert set(PHASE_COLOURS) >= {"detect", "localise", "recover"}
+    # every incident's phases were drawn: detect, localise, recover, resume (no decide-only phase)
+    assert int(attrs["svg-shapes"]) == 4 * len(INCIDENTS)
+    assert set(PHASE_COLOURS) >= {"detect", "localise", "recover", "resume"}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "report.png"
     shot.unlink(missing_ok=True)

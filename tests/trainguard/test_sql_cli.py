@@ -10,7 +10,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from tests.infra.test_named_queries import _incident
+from tests.infra.test_named_queries import _incident, _step_after
 from trainguard.commands.postmortem import postmortem
 from trainguard.commands.report import report
 from trainguard.commands.sql import sql
@@ -33,7 +33,13 @@ def test_sql_list_and_show() -> None:
 
 
 def test_sql_run_in_every_format(store: ClickHouseStore) -> None:
-    store.insert_events([*_incident(1, "m1", "gpu_unavailable", 9_000), *_incident(2, "m2", "nic", None)])
+    store.insert_events(
+        [
+            *_incident(1, "m1", "gpu_unavailable", 9_000),
+            *_incident(2, "m2", "nic", None),
+            _step_after(1, 9_500),
+        ]
+    )
     runner = CliRunner()
     table = runner.invoke(sql, ["run", "incidents", "--param", "job=j"], obj=_obj(store))
     assert table.exit_code == 0, table.output
@@ -60,12 +66,12 @@ def test_sql_run_says_what_is_wrong(store: ClickHouseStore) -> None:
 
 
 def test_postmortem_and_report_read_the_same_queries(store: ClickHouseStore, tmp_path: Path) -> None:
-    store.insert_events(_incident(1, "m1", "gpu_unavailable", 9_000))
+    store.insert_events([*_incident(1, "m1", "gpu_unavailable", 9_000), _step_after(1, 9_500)])
     runner = CliRunner()
     pm = runner.invoke(postmortem, ["--job", "j", "--json"], obj=_obj(store))
     assert pm.exit_code == 0, pm.output
     (inc,) = [json.loads(line) for line in pm.output.splitlines()]
-    assert (inc["category"], inc["recovered_s"]) == ("gpu_unavailable", 10.0)
+    assert (inc["category"], inc["recovered_s"], inc["procedure_s"]) == ("gpu_unavailable", 10.5, 8.5)
     out = tmp_path / "r.html"
     rep = runner.invoke(report, ["--job", "j", "--out", str(out), "--quiet"], obj=_obj(store))
     assert rep.exit_code == 0, rep.output

@@ -151,7 +151,7 @@ def status_cmd(ctx: click.Context, job: str | None, limit: int, as_json: bool) -
         if r["held_reason"]:
             click.echo(f"    held: {r['held_reason']}")
     if not as_json:
-        click.echo(f"{len(rows)} recovery(ies)", err=True)
+        click.echo(f"{len(rows)} recovery(ies) in {store.path}", err=True)
 
 
 @actions.command("release")

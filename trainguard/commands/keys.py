@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from trainguard.context import friendly_errors, settings
+from trainguard.context import friendly_errors, home_hint, settings
 from trainguard.infra.signing import (
     PRINCIPALS,
     ROLE_TOPICS,
@@ -46,9 +46,9 @@ def _key_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (AuthError, ConfigError) as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(home_hint(str(exc))) from exc
         except OSError as exc:
-            raise click.ClickException(f"{exc.filename or ''}: {exc.strerror or exc}") from exc
+            raise click.ClickException(home_hint(f"{exc.filename or ''}: {exc.strerror or exc}")) from exc
 
     return wrapper  # type: ignore[return-value]
 
@@ -109,7 +109,7 @@ def show(ctx: click.Context) -> None:
     """The trusted keys: key id, principal and the topics it may sign."""
     kdir, tfile = _paths(ctx)
     if not tfile.exists():
-        raise click.ClickException(f"no trusted keys at {tfile}: run `trainguard keys init`")
+        raise click.ClickException(home_hint(f"no trusted keys at {tfile}: run `trainguard keys init`"))
     trusted = load_trusted(tfile)
     here = {_local_kid(kdir, p) for p in PRINCIPALS}
     click.echo(f"{tfile}:")

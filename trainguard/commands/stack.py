@@ -8,6 +8,7 @@ import click
 
 from trainguard.context import friendly_errors, progress, settings
 from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.infra.config import home_note, home_origin
 from trainguard.infra.stack.manager import Stack
 
 
@@ -78,8 +79,10 @@ def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_
 @friendly_errors
 def down(ctx: click.Context) -> None:
     """Stop this stack home's Kafka, ClickHouse, Slurm and Kubernetes processes (and nothing else)."""
-    stopped = Stack(settings(ctx)).down()
-    click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    s = settings(ctx)
+    stopped = Stack(s).down()
+    # Nothing: perhaps a stack of another home runs -- say which one was looked in.
+    click.echo(f"stopped: {', '.join(stopped) or f'nothing was running ({home_note(s)})'}")
 
 
 @stack.command()
@@ -103,7 +106,8 @@ def reset(ctx: click.Context, yes: bool) -> None:
 @friendly_errors
 def status(ctx: click.Context, as_json: bool) -> None:
     """Endpoints and health; exit code 0 only when both servers are healthy."""
-    st = Stack(settings(ctx)).status()
+    s = settings(ctx)
+    st = Stack(s).status()
     if as_json:
         click.echo(json.dumps(st, sort_keys=True))
     else:
@@ -124,7 +128,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"k8s         {ok[k8['healthy']]:8} {k8['server']} {nodes or k8.get('error', '')}")
             click.echo(f"            KUBECONFIG={k8['kubeconfig']}")
         if st.get("home"):
-            click.echo(f"home        {st['home']}")
+            click.echo(f"home        {st['home']} ({home_origin(s)})")
     ctx.exit(0 if st["healthy"] else 1)
 
 

@@ -2,8 +2,10 @@
 -- answers: Every incident (a decision) in time order: its fault category and detection kind, the
 -- answers: machines it named, what was done, and when -- seconds from the fault's first sign
 -- answers: (the source event) to its detection, to localisation (a decision naming machines), to
--- answers: the decision, and to the recovery's success; outcome is succeeded, failed, held or
--- answers: pending (no recovery reported an end).
+-- answers: the decision, and to recovered: the job's first training step after a successful
+-- answers: recovery (training again, not merely the procedure done); procedure_s is the
+-- answers: recovery procedure alone, from the decision to its end.  Outcome is succeeded,
+-- answers: failed, held or pending (no recovery reported an end).
 -- param: job String = ''         the job ('' for every job)
 -- param: since_ms Int64 = 0      only incidents decided at or after this Unix time (ms)
 -- param: decision String = ''    only this incident (its decision id; '' for all)
@@ -20,11 +22,13 @@ SELECT
     detected_ts_ms,
     decided_ts_ms,
     if(outcome_phase = '', 'pending', outcome_phase) AS outcome,
-    if(outcome_phase = 'succeeded', outcome_ts_ms, toInt64(0)) AS recovered_ts_ms,
+    if(outcome_phase = '', toInt64(0), outcome_ts_ms) AS ended_ts_ms,
+    if(outcome_phase = 'succeeded', first_step_ms, toInt64(0)) AS recovered_ts_ms,
     round((detected_ts_ms - source_ts_ms) / 1000, 3) AS detected_s,
     if(notEmpty(machines), round((decided_ts_ms - source_ts_ms) / 1000, 3), NULL) AS localised_s,
     round((decided_ts_ms - source_ts_ms) / 1000, 3) AS decided_s,
-    if(outcome_phase = 'succeeded', round((outcome_ts_ms - source_ts_ms) / 1000, 3), NULL) AS recovered_s
+    if(recovered_ts_ms > 0, round((recovered_ts_ms - source_ts_ms) / 1000, 3), NULL) AS recovered_s,
+    if(ended_ts_ms > 0, round((ended_ts_ms - decided_ts_ms) / 1000, 3), NULL) AS procedure_s
 FROM
 (
     SELECT
@@ -73,11 +77,62 @@ FROM
 ANY LEFT JOIN
 (
     -- How the recovery ended (its last end phase: a held recovery an operator released may
-    -- succeed later).
-    SELECT decision_id, argMax(phase, ts_ms) AS outcome_phase, max(ts_ms) AS outcome_ts_ms
-    FROM action_events FINAL
-    WHERE (%(job)s = '' OR job = %(job)s) AND step = 'recovery'
-      AND phase IN ('succeeded', 'failed', 'held')
+    -- succeed later), and the job's first step after it: after the recovery's last restart when
+    -- it made one (a restart ends once the scheduler runs the new processes; a step before it is
+    -- the old processes' last), else after the recovery's end.  Rank 0 stands for the job, as in
+    -- ettr.  ClickHouse 18.16 has no ASOF JOIN, and pairing every step with every recovery of
+    -- its job costs steps x recoveries; so by the hour: the first step after the recovery in its
+    -- own hour (the steps of that hour only), else the first step of the next hour that has one
+    -- (each hour's first step, a few thousand rows a job-year).
+    SELECT
+        decision_id,
+        any(outcome_phase) AS outcome_phase,
+        any(outcome_ts_ms) AS outcome_ts_ms,
+        minIf(step_ts_ms, step_ts_ms > resumed_from_ms) AS same_hour_ms,
+        if(same_hour_ms > 0, same_hour_ms, any(later_hour_ms)) AS first_step_ms
+    FROM
+    (
+        SELECT job, intDiv(ts_ms, 3600000) AS hour, ts_ms AS step_ts_ms
+        FROM training_steps
+        WHERE (%(job)s = '' OR job = %(job)s) AND rank = 0 AND ts_ms >= %(since_ms)s
+          AND job IN (SELECT job FROM action_events WHERE step = 'recovery' AND ts_ms >= %(since_ms)s)
+    ) AS step
+    ALL RIGHT JOIN
+    (
+        SELECT
+            decision_id,
+            job,
+            hour,
+            any(outcome_phase) AS outcome_phase,
+            any(outcome_ts_ms) AS outcome_ts_ms,
+            any(resumed_from_ms) AS resumed_from_ms,
+            minIf(hour_first_ms, step_hour > hour) AS later_hour_ms
+        FROM
+        (
+            SELECT job, intDiv(ts_ms, 3600000) AS step_hour, min(ts_ms) AS hour_first_ms
+            FROM training_steps
+            WHERE (%(job)s = '' OR job = %(job)s) AND rank = 0 AND ts_ms >= %(since_ms)s
+              AND job IN (SELECT job FROM action_events WHERE step = 'recovery' AND ts_ms >= %(since_ms)s)
+            GROUP BY job, step_hour
+        ) AS step_hours
+        ALL RIGHT JOIN
+        (
+            SELECT
+                decision_id,
+                job,
+                argMaxIf(phase, ts_ms, step = 'recovery') AS outcome_phase,
+                maxIf(ts_ms, step = 'recovery') AS outcome_ts_ms,
+                maxIf(ts_ms, step = 'restart') AS restarted_ts_ms,
+                if(restarted_ts_ms > 0, restarted_ts_ms, outcome_ts_ms) AS resumed_from_ms,
+                intDiv(resumed_from_ms, 3600000) AS hour
+            FROM action_events FINAL
+            WHERE (%(job)s = '' OR job = %(job)s) AND ts_ms >= %(since_ms)s
+              AND ((step = 'recovery' AND phase IN ('succeeded', 'failed', 'held'))
+                   OR (step = 'restart' AND phase = 'succeeded'))
+            GROUP BY decision_id, job
+        ) AS ended USING job
+        GROUP BY decision_id, job, hour
+    ) AS recovery USING job, hour
     GROUP BY decision_id
 ) AS ending USING decision_id
 ORDER BY decided_ts_ms, decision_id
