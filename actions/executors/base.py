@@ -155,6 +155,22 @@ Factory = Callable[[Any, ExecutorEnv], Executor]
 ENTRY_POINT_GROUP = "trainguard.executors"
 
 
+def unconfigured_commands(
+    replay_command: list[str], diagnostic_commands: dict[str, list[str]], start: tuple[str, bool]
+) -> dict[str, str]:
+    """``Executor.unconfigured`` of an executor that runs site commands (slurm, kubernetes): the
+    methods its options leave without a command, and the option to set.  ``start`` names the
+    option that starts the training and whether it is set."""
+    out = {}
+    if not replay_command:
+        out["run_replay"] = "executor_options.replay_command is empty"
+    if not diagnostic_commands:
+        out["run_diagnostics"] = "executor_options.diagnostic_commands is empty"
+    if not start[1]:
+        out["restart"] = f"executor_options.{start[0]} is empty"
+    return out
+
+
 @dataclass(frozen=True)
 class ExecutorPlugin:
     """What an executor package publishes: its name, its config class and how to build it."""

@@ -65,7 +65,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainguard.actions.errors import PermanentError, TemporaryError
-from trainguard.actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from trainguard.actions.executors.base import (
+    DiagnosticResult,
+    ExecutorEnv,
+    ExecutorPlugin,
+    StepContext,
+    unconfigured_commands,
+)
 from trainguard.actions.positions import POD_LABELS, RACK_LABELS, positions_from_node_labels
 from trainguard.schemas.control import JobSpec
 from trainguard.schemas.network import MachinePosition
@@ -284,14 +290,10 @@ class KubernetesExecutor:
 
     def unconfigured(self) -> dict[str, str]:
         """Protocol methods this configuration cannot perform, and the option to set."""
-        out = {}
-        if not self.cfg.replay_command:
-            out["run_replay"] = "executor_options.replay_command is empty"
-        if not self.cfg.diagnostic_commands:
-            out["run_diagnostics"] = "executor_options.diagnostic_commands is empty"
-        if not self.cfg.pod_template:
-            out["restart"] = "executor_options.pod_template is empty"
-        return out
+        cfg = self.cfg
+        return unconfigured_commands(
+            cfg.replay_command, cfg.diagnostic_commands, ("pod_template", bool(cfg.pod_template))
+        )
 
     def usable_machines(self, spec: JobSpec, candidates: list[str], ctx: StepContext) -> list[str]:
         """Of the job's nodes and ``candidates``, those Ready, schedulable and untainted now (a

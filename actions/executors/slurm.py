@@ -66,7 +66,13 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.actions.errors import PermanentError, TemporaryError
-from trainguard.actions.executors.base import DiagnosticResult, ExecutorEnv, ExecutorPlugin, StepContext
+from trainguard.actions.executors.base import (
+    DiagnosticResult,
+    ExecutorEnv,
+    ExecutorPlugin,
+    StepContext,
+    unconfigured_commands,
+)
 from trainguard.actions.executors.hostlist import expand_hostlist
 from trainguard.actions.positions import parse_topology_conf
 from trainguard.schemas.control import JobSpec
@@ -441,14 +447,10 @@ class SlurmExecutor:
     # -- the protocol -----------------------------------------------------------------------
     def unconfigured(self) -> dict[str, str]:
         """Protocol methods this configuration cannot perform, and the option to set."""
-        out = {}
-        if not self.cfg.replay_command:
-            out["run_replay"] = "executor_options.replay_command is empty"
-        if not self.cfg.diagnostic_commands:
-            out["run_diagnostics"] = "executor_options.diagnostic_commands is empty"
-        if not self.cfg.step_command:
-            out["restart"] = "executor_options.step_command is empty"
-        return out
+        cfg = self.cfg
+        return unconfigured_commands(
+            cfg.replay_command, cfg.diagnostic_commands, ("step_command", bool(cfg.step_command))
+        )
 
     def usable_machines(self, spec: JobSpec, candidates: list[str], ctx: StepContext) -> list[str]:
         """The nodes of the job's allocation that Slurm reports usable now (neither drained nor
