@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.actions.conftest import job_spec, make_decision
+from tests.actions.runner_harness import Published
 from trainguard.actions.config import ActionsConfig, StepPolicy
 from trainguard.actions.executors.base import ExecutorEnv
 from trainguard.actions.executors.dry_run import DryRunConfig, DryRunExecutor
@@ -28,19 +29,8 @@ from trainguard.actions.recovery import RecoveryRunner
 from trainguard.actions.state import RecoveryState
 from trainguard.cli import main
 from trainguard.schemas.base import now_ms
-from trainguard.schemas.control import ActionEvent, JobSpec
+from trainguard.schemas.control import JobSpec
 from trainguard.schemas.enums import Action
-
-
-class Events:
-    def __init__(self) -> None:
-        self.actions: list[ActionEvent] = []
-
-    def action(self, event: ActionEvent) -> None:
-        self.actions.append(event)
-
-    def job_spec(self, spec: JobSpec) -> None:
-        pass
 
 
 class InstantStop(threading.Event):
@@ -52,11 +42,11 @@ class InstantStop(threading.Event):
 
 def _runner(
     tmp_path: Path, dry: DryRunConfig, spec: JobSpec
-) -> tuple[RecoveryRunner, DryRunExecutor, Events]:
+) -> tuple[RecoveryRunner, DryRunExecutor, Published]:
     # The swap gives up at once when it finds no spare (the default retries for three minutes).
     cfg = ActionsConfig(spec_wait_s=0, steps={"swap_standbys": StepPolicy(retries=0)})
     executor = DryRunExecutor(dry, ExecutorEnv(state_dir=tmp_path / "executor"))
-    store, events = ProgressStore(tmp_path / "progress.sqlite"), Events()
+    store, events = ProgressStore(tmp_path / "progress.sqlite"), Published()
     store.save_spec(spec)
     return RecoveryRunner(cfg, store, executor, events, store.spec, stop=InstantStop()), executor, events
 
