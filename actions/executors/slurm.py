@@ -122,7 +122,8 @@ class SlurmExecutorConfig:
     step_command: list[str] = field(default_factory=list)
     #: tasks (ranks) per node of the training step; 0: the topology's ``ranks_per_machine``.
     tasks_per_node: int = field(default=0, metadata=bounds(0, 4096))
-    #: extra ``srun`` options of the training step (``--gpus-per-node=8``, ``--output=...``).
+    #: extra ``srun`` options of the training step (``--gpus-per-node=8``, ``--output=...``; in
+    #: ``--output``/``--error`` patterns ``%x`` is the Slurm job's name, as in the job's own steps).
     srun_args: list[str] = field(default_factory=list)
     #: steps ``stop`` leaves running (by name: a per-job exporter started with ``srun --overlap``).
     keep_steps: list[str] = field(default_factory=lambda: ["tg-exporter"])
@@ -576,6 +577,10 @@ class SlurmExecutor:
         ]  # fmt: skip
         env = {
             **self.env,
+            # srun fills %x of --output/--error (srun_args) from SLURM_JOB_NAME, which the
+            # service's environment lacks (SLURM_* are dropped): %x was "(null)".  Within an
+            # allocation srun takes no step name from it (--job-name above names the step).
+            "SLURM_JOB_NAME": alloc.fields.get("JobName", ""),
             "TRAINGUARD_JOB": spec.job,
             "TRAINGUARD_NODES": ",".join(nodes),
             "TRAINGUARD_RESTART": str(gen),
