@@ -113,26 +113,25 @@ def test_restart_runs_on_active_nodes_stop_keeps_the_allocation(job: TrainingJob
     assert (job.state_dir / "slurm" / "commands.jsonl").read_text().count("scancel") == scancels
 
 
-def test_percent_x_in_srun_args_is_the_slurm_jobs_name(slurm_cluster: Slurm, tmp_path: Path) -> None:
-    # The job script's own `#SBATCH --output=%x-%j.out` style, in the restarted step's srun_args.
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    started = start_job(slurm_cluster, tmp_path, srun_args=[f"--output={logs}/%x-%j-%s.out"])
-    job = next(started)
-    try:
-        job.executor.restart(spec(job.name, ACTIVE, SPARE), ctx("restart"))
-        job.wait_progress("n1", 0)
-        (step,) = job.training_steps()
-        assert step[1].startswith("tg-train.")  # the step keeps its own name
-        wanted = f"{job.name}-{step[0].replace('.', '-')}.out"
-        wait_until(
-            lambda: wanted in {f.name for f in logs.iterdir()},
-            10,
-            lambda: f"{wanted} in {list(logs.iterdir())}",
-        )
-        assert [f.name for f in logs.iterdir()] == [wanted]  # no "(null)-..." file
-    finally:
-        started.close()
+@pytest.fixture
+def logged_job(slurm_cluster: Slurm, tmp_path: Path) -> Iterator[TrainingJob]:
+    """A job whose restarted steps write their output where the job script's `#SBATCH --output=
+    %x-%j.out` style says (``srun_args``)."""
+    (tmp_path / "logs").mkdir()
+    yield from start_job(slurm_cluster, tmp_path, srun_args=[f"--output={tmp_path}/logs/%x-%j-%s.out"])
+
+
+def test_percent_x_in_srun_args_is_the_slurm_jobs_name(logged_job: TrainingJob, tmp_path: Path) -> None:
+    job, logs = logged_job, tmp_path / "logs"
+    job.executor.restart(spec(job.name, ACTIVE, SPARE), ctx("restart"))
+    job.wait_progress("n1", 0)
+    (step,) = job.training_steps()
+    assert step[1].startswith("tg-train.")  # the step keeps its own name
+    wanted = f"{job.name}-{step[0].replace('.', '-')}.out"
+    wait_until(
+        lambda: wanted in {f.name for f in logs.iterdir()}, 10, lambda: f"{wanted} in {list(logs.iterdir())}"
+    )
+    assert [f.name for f in logs.iterdir()] == [wanted]  # no "(null)-..." file
 
 
 def test_fault_evict_drain_and_restart_on_the_spare_from_the_checkpoint(job: TrainingJob) -> None:
