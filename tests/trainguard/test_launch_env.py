@@ -307,7 +307,8 @@ def test_rank_0_reads_network_positions_from_topology_conf_beside_slurm_conf(tmp
     assert note.startswith(f"network positions of 5 node(s) from {tmp_path / 'topology.conf'}")
     assert note.endswith("not listed there: n6")  # a standby the file does not place
     spec = plan.job_spec(ts_ms=NOW)
-    assert decode(encode(spec), expect=JobSpec).positions == plan.positions
+    back = decode(encode(spec), expect=JobSpec)
+    assert isinstance(back, JobSpec) and back.positions == plan.positions
 
 
 def test_no_or_bad_topology_conf_leaves_the_spec_without_positions(tmp_path: Path) -> None:
