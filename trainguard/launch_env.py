@@ -1,5 +1,6 @@
 """Slurm's environment -> what one ``trainguard launch`` task does (pure: no I/O, no clock;
-:func:`read_positions` alone reads a file, ``topology.conf``).
+:func:`read_positions` alone reads a file, ``topology.conf``, and :func:`find_master` alone asks
+the resolver and, when it must, ``scontrol``).
 
 ``srun`` starts one ``trainguard launch`` per task and describes the step in the task's
 environment.  :func:`plan_launch` turns that environment and the launch options
@@ -21,6 +22,14 @@ Which Slurm variables are read, first one set wins:
   spare takes the evicted node's ranks); the allocation's ``SLURM_JOB_NODELIST``,
   ``SLURM_NODELIST`` (neither: no standbys).
 
+The rendezvous address (``MASTER_ADDR``) is ``--master-addr`` when given, else rank 0's node: the
+first of the step's nodes (``TRAINGUARD_NODES``' first in a restarted step).  :func:`find_master`
+uses that node's name when it resolves (``getaddrinfo``), else its ``NodeAddr`` from ``scontrol
+show node NAME -o`` -- Slurm's own address of the node, which is what a cluster whose node names
+are not in DNS declares in ``slurm.conf`` (the local stack's nodes: ``NodeAddr=127.0.0.1``).  Only
+a task whose name lookup fails asks ``scontrol`` (once), so a cluster whose names resolve never
+puts one query per rank on ``slurmctld``.
+
 Ranks must be placed in blocks (``srun --distribution=block``, the default): rank ``r`` on node
 ``r // tasks_per_node``, which is checked against ``SLURMD_NODENAME`` and ``SLURM_LOCALID``.
 
@@ -38,8 +47,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -59,6 +70,8 @@ PORT_BASE, PORT_SPAN = 20_000, 10_000
 #: a Slurm node name (what a host list expands to): no brackets, commas or blanks left.
 _NODE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+#: how long one ``scontrol show node`` may take (asked once, before the training starts).
+SCONTROL_TIMEOUT_S = 10.0
 
 
 class LaunchError(ValueError):
@@ -81,7 +94,8 @@ class LaunchConfig:
     dp: int = field(default=0, metadata=bounds(0, 1 << 20))
     #: rank order, fastest-varying dimension first (Megatron-LM's ``--order``).
     order: str = field(default="tp-dp-pp", metadata=bounds(max_len=8))
-    #: rendezvous host; "" = the first node of the step (its name must resolve on every node).
+    #: rendezvous host; "" = rank 0's node: its name when it resolves, else its Slurm ``NodeAddr``
+    #: (:func:`find_master`).
     master_addr: str = field(default="", metadata=bounds(max_len=255))
     #: rendezvous port; 0 = ``PORT_BASE + job id % PORT_SPAN``, the same on every task.
     master_port: int = field(default=0, metadata=bounds(0, 65535))
@@ -136,6 +150,8 @@ class LaunchPlan:
     publish: bool
     #: network positions of the step's nodes and standbys (``read_positions``), for the spec.
     positions: dict[str, MachinePosition] = field(default_factory=dict)
+    #: how ``master_addr`` was found (:func:`find_master`); "" before it ran.
+    master_from: str = ""
 
     @property
     def world_size(self) -> int:
@@ -204,6 +220,88 @@ def read_positions(plan: LaunchPlan, cfg: LaunchConfig, environ: Mapping[str, st
     if missing:
         note += f"; not listed there: {','.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
     return replace(plan, positions=positions), note
+
+
+def node_addr(line: str) -> str:
+    """The ``NodeAddr`` of a ``scontrol show node NAME -o`` line; "" when it has none.
+
+    >>> node_addr("NodeName=n1 Arch=x86_64 CoresPerSocket=1  NodeAddr=127.0.0.1 NodeHostName=localhost")
+    '127.0.0.1'
+    >>> node_addr("NodeName=n1 NodeAddr=(null)"), node_addr("Node n9 not found")
+    ('', '')
+    """
+    for part in line.split():
+        key, sep, value = part.partition("=")
+        if sep and key == "NodeAddr" and value not in ("", "(null)"):
+            return value
+    return ""
+
+
+def name_resolves(name: str) -> bool:
+    """Whether ``name`` resolves on this host (the system's resolver: files, DNS, ...)."""
+    try:
+        socket.getaddrinfo(name, None)
+    except (OSError, UnicodeError):  # gaierror is an OSError; an over-long label a UnicodeError
+        return False
+    return True
+
+
+def scontrol_show_node(name: str, environ: Mapping[str, str]) -> str:
+    """``scontrol show node NAME -o`` (its output, or why there is none, prefixed ``error:``)."""
+    try:
+        res = subprocess.run(
+            ["scontrol", "show", "node", name, "-o"],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            env=dict(environ),
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        return "error: scontrol is not installed"
+    except subprocess.TimeoutExpired:
+        return f"error: scontrol did not answer in {SCONTROL_TIMEOUT_S:.0f} s"
+    if res.returncode != 0:
+        return f"error: {(res.stderr or res.stdout).strip()[-200:] or f'scontrol exited {res.returncode}'}"
+    return res.stdout
+
+
+def find_master(
+    plan: LaunchPlan,
+    cfg: LaunchConfig,
+    environ: Mapping[str, str],
+    resolves: Callable[[str], bool] = name_resolves,
+    show_node: Callable[[str, Mapping[str, str]], str] = scontrol_show_node,
+) -> LaunchPlan:
+    """``plan`` with its rendezvous address and how it was found (``master_from``): see the module
+    docstring.  A node whose name does not resolve and that Slurm gives no other address keeps its
+    name, said in ``master_from`` (starting ``unresolved``): the rendezvous will fail, and
+    ``--master-addr`` is the fix.
+
+    >>> env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+    ...        "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NODELIST": "n[1-2]"}
+    >>> cfg = LaunchConfig(job="llm")
+    >>> plan = plan_launch(cfg, env)
+    >>> show = lambda name, environ: f"NodeName={name} NodeAddr=10.1.0.{name[1:]} NodeHostName={name}"
+    >>> p = find_master(plan, cfg, env, resolves=lambda name: False, show_node=show)
+    >>> p.master_addr, p.master_from
+    ('10.1.0.1', 'NodeAddr of n1 (scontrol show node; the name n1 does not resolve here)')
+    >>> find_master(plan, cfg, env, resolves=lambda name: True, show_node=show).master_from
+    "rank 0's node n1 (its name resolves)"
+    """
+    if cfg.master_addr:
+        return replace(plan, master_addr=cfg.master_addr, master_from="--master-addr")
+    first = plan.topology.machines[0]
+    if resolves(first):
+        return replace(plan, master_addr=first, master_from=f"rank 0's node {first} (its name resolves)")
+    answer = show_node(first, environ)
+    addr = next((a for a in map(node_addr, answer.splitlines()) if a), "")
+    if addr and addr != first:
+        how = f"NodeAddr of {first} (scontrol show node; the name {first} does not resolve here)"
+        return replace(plan, master_addr=addr, master_from=how)
+    why = answer.strip()[:200] if answer.startswith("error:") else "Slurm gives it no other NodeAddr"
+    how = f"unresolved: rank 0's node {first} does not resolve here and {why}; pass --master-addr"
+    return replace(plan, master_addr=first, master_from=how)
 
 
 def parse_tasks_per_node(text: str) -> list[int]:

@@ -32,6 +32,13 @@ slurmrestd is an optional daemon with its own JWT/auth set-up and an API version
 every release; the one-line outputs (``-o`` / ``-h``) are stable enough to parse, and every command
 is the one an operator would type -- which is what the command log shows them.
 
+**Runs of one name.**  A TrainGuard job name may be reused by a later Slurm job (a new ``sbatch``
+of the same script).  The executor's state (``<state dir>/slurm/<job>.json``) keeps the nodes it
+handed out per Slurm job id, so a new run's spares are not taken for the old run's; what is keyed
+by op id (a step's provisioned nodes, a requeue under way) belongs to one run anyway.  Of several
+queued jobs with the job's name (``squeue -n``, with ``-u user`` when ``user`` is set), the one
+running is taken; two running need ``user`` or ``job_ids``.
+
 Every command's argv, exit code, duration and output tail is kept (the last ``history`` in
 :attr:`SlurmExecutor.commands`, all of them in ``<state dir>/slurm/commands.jsonl`` with the step's
 ``op_id``) and the failing command is quoted in every error, so the action events say what Slurm
@@ -86,6 +93,9 @@ _SECONDS = bounds(0.1, 86_400)
 #: step-name prefixes of this executor's own steps; anything else numeric is a training step.
 TRAIN, DIAG, REPLAY, CHECK = "tg-train", "tg-diag", "tg-replay", "tg-check"
 _OWN = (DIAG, REPLAY, CHECK)
+#: runs (Slurm jobs) of one TrainGuard job whose handed-out nodes the state file keeps; a job name
+#: reused for the ninth time forgets the first run's.
+RUNS_KEPT = 8
 #: Slurm job states in which the allocation is coming (retry later) rather than gone.
 _COMING = {"PENDING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"}
 #: node state flags that make a node unusable for the job.
@@ -122,7 +132,8 @@ class SlurmExecutorConfig:
     step_command: list[str] = field(default_factory=list)
     #: tasks (ranks) per node of the training step; 0: the topology's ``ranks_per_machine``.
     tasks_per_node: int = field(default=0, metadata=bounds(0, 4096))
-    #: extra ``srun`` options of the training step (``--gpus-per-node=8``, ``--output=...``).
+    #: extra ``srun`` options of the training step (``--gpus-per-node=8``, ``--output=...``; in
+    #: ``--output``/``--error`` patterns ``%x`` is the Slurm job's name, as in the job's own steps).
     srun_args: list[str] = field(default_factory=list)
     #: steps ``stop`` leaves running (by name: a per-job exporter started with ``srun --overlap``).
     keep_steps: list[str] = field(default_factory=lambda: ["tg-exporter"])
@@ -348,7 +359,15 @@ class SlurmExecutor:
         if not rows:
             raise PermanentError(f"no Slurm job named {name!r} (TrainGuard job {job}) is queued or running")
         if len(rows) > 1:
-            raise PermanentError(f"{len(rows)} Slurm jobs are named {name!r}: set job_ids[{job!r}]")
+            # A reused name: an earlier run still completing, or the next one queued behind it.
+            running = [r for r in rows if r[1].strip() == "RUNNING"]
+            if len(running) != 1:
+                ids = ", ".join(f"{r[0].strip()} {r[1].strip()}" for r in rows)
+                raise PermanentError(
+                    f"{len(rows)} Slurm jobs are named {name!r} ({ids}), {len(running)} of them running: "
+                    f"set user (only one user's jobs) or job_ids[{job!r}]"
+                )
+            rows = running
         return rows[0][0].strip()
 
     def show_job(self, job_id: str, ctx: StepContext) -> SlurmJob:
@@ -425,23 +444,40 @@ class SlurmExecutor:
             data: dict[str, Any] = json.loads(self._state_file(job).read_text())
         except (OSError, ValueError):
             data = {}
-        data.setdefault("known", [])
+        # Steps are numbered per job name (step-<n>.log never mixes two runs); op ids are unique.
         data.setdefault("generation", 0)
         data.setdefault("provisioned", {})
         data.setdefault("requeue", {})
+        #: Slurm job id -> {"known": nodes handed out in that run}.
+        data.setdefault("runs", {})
+        if "known" in data:  # written before runs were told apart: the run that asks next owns it
+            data["unclaimed"] = data.pop("known")
         return data
+
+    def _known(self, data: dict[str, Any], job_id: str) -> list[str]:
+        """The nodes handed out in Slurm job ``job_id`` (the list in ``data``, to update in place)."""
+        runs: dict[str, Any] = data["runs"]
+        if job_id not in runs:
+            runs[job_id] = {"known": data.pop("unclaimed", [])}
+            for old in list(runs)[:-RUNS_KEPT]:
+                del runs[old]
+        known: list[str] = runs[job_id]["known"]
+        return known
 
     def _save(self, job: str, data: dict[str, Any]) -> None:
         tmp = self._state_file(job).with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, self._state_file(job))
 
-    def _remember(self, spec: JobSpec, extra: Iterable[str] = ()) -> None:
-        """Nodes seen in a spec are handed out: provision_standbys never returns them as new."""
+    def _remember(self, spec: JobSpec, job_id: str, extra: Iterable[str] = ()) -> None:
+        """Nodes seen in a spec are handed out in Slurm job ``job_id``: provision_standbys never
+        returns them as new there."""
         data = self._load(spec.job)
-        known = set(data["known"]) | set(spec.topology.machines) | set(spec.standbys) | set(extra)
-        if known != set(data["known"]):
-            data["known"] = sorted(known)
+        new_run = job_id not in data["runs"]
+        known = self._known(data, job_id)
+        more = (set(spec.topology.machines) | set(spec.standbys) | set(extra)) - set(known)
+        if more or new_run:
+            known[:] = sorted(set(known) | more)
             self._save(spec.job, data)
 
     # -- the protocol -----------------------------------------------------------------------
@@ -468,8 +504,8 @@ class SlurmExecutor:
             log.warning("slurm executor: the controller does not answer yet: %s", exc)
 
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
-        self._remember(spec)
         job_id = self.slurm_job_id(spec.job, ctx)
+        self._remember(spec, job_id)
         self._cancel_training(job_id, ctx)
 
     def _cancel_training(self, job_id: str, ctx: StepContext) -> None:
@@ -487,8 +523,8 @@ class SlurmExecutor:
             time.sleep(0.2)
 
     def evict(self, spec: JobSpec, machines: list[str], ctx: StepContext) -> None:
-        self._remember(spec)
         alloc = self.show_job(self.slurm_job_id(spec.job, ctx), ctx)
+        self._remember(spec, alloc.job_id)
         info = self.nodes(machines, ctx)
         missing = [m for m in machines if m not in info]
         if missing:
@@ -515,8 +551,8 @@ class SlurmExecutor:
     ) -> None:
         # The new step itself starts in restart() (the plan's next step): starting it here too
         # would launch it twice.  Here: the standbys are fit to take their places.
-        self._remember(spec, standbys)
         alloc = self.allocation(spec.job, ctx)
+        self._remember(spec, alloc.job_id, standbys)
         outside = [s for s in standbys if s not in alloc.nodes]
         if outside:
             raise PermanentError(f"standbys {outside} are not in Slurm job {alloc.job_id} of {spec.job}")
@@ -544,8 +580,8 @@ class SlurmExecutor:
         nodes = list(spec.topology.machines)
         if not nodes:
             raise PermanentError(f"the spec of {spec.job} names no machines (Slurm nodes) to restart on")
-        self._remember(spec)
         alloc = self.allocation(spec.job, ctx)
+        self._remember(spec, alloc.job_id)
         outside = [n for n in nodes if n not in alloc.nodes]
         if outside:
             raise PermanentError(f"nodes {outside} are not in Slurm job {alloc.job_id} of {spec.job}")
@@ -576,6 +612,10 @@ class SlurmExecutor:
         ]  # fmt: skip
         env = {
             **self.env,
+            # srun fills %x of --output/--error (srun_args) from SLURM_JOB_NAME, which the
+            # service's environment lacks (SLURM_* are dropped): %x was "(null)".  Within an
+            # allocation srun takes no step name from it (--job-name above names the step).
+            "SLURM_JOB_NAME": alloc.fields.get("JobName", ""),
             "TRAINGUARD_JOB": spec.job,
             "TRAINGUARD_NODES": ",".join(nodes),
             "TRAINGUARD_RESTART": str(gen),
@@ -624,19 +664,21 @@ class SlurmExecutor:
         pending = data["requeue"].get(ctx.op_id)
         if pending is not None:  # the service crashed while the job was being requeued
             got = self._finish_requeue(job, alloc, pending, count, ctx)
-            return self._provided(job, ctx, got, "requeue", pending.get("why", []))
+            return self._provided(job, alloc.job_id, ctx, got, "requeue", pending.get("why", []))
         if alloc.state != "RUNNING":
             raise TemporaryError(f"Slurm job {alloc.job_id} of {job} is {alloc.state}", delay=2.0)
         info = self.nodes(alloc.nodes, ctx)
         bad = self.unusable(info)
-        free = [n for n in alloc.nodes if n not in bad and n not in data["known"]]
+        known = self._known(data, alloc.job_id)
+        free = [n for n in alloc.nodes if n not in bad and n not in known]
         if len(free) >= count:
-            return self._provided(job, ctx, free[:count], "spare")
+            return self._provided(job, alloc.job_id, ctx, free[:count], "spare")
         need = count - len(free)
         why = []
         if self.cfg.allow_expand:
             try:
-                return self._provided(job, ctx, free + self._expand(job, alloc, need, ctx), "expand")
+                got = free + self._expand(job, alloc, need, ctx)
+                return self._provided(job, alloc.job_id, ctx, got, "expand")
             except (TemporaryError, PermanentError) as exc:
                 why.append(f"expand: {exc}")
         if not self.cfg.allow_requeue:
@@ -686,14 +728,15 @@ class SlurmExecutor:
             alloc.job_id,
         )
         got = self._finish_requeue(job, alloc, pending, count, ctx)
-        return self._provided(job, ctx, got, "requeue", why)
+        return self._provided(job, alloc.job_id, ctx, got, "requeue", why)
 
     def _provided(
-        self, job: str, ctx: StepContext, names: list[str], path: str, why: Iterable[str] = ()
+        self, job: str, job_id: str, ctx: StepContext, names: list[str], path: str, why: Iterable[str] = ()
     ) -> list[str]:
         data = self._load(job)
         data["provisioned"][ctx.op_id] = names
-        data["known"] = sorted(set(data["known"]) | set(names))
+        known = self._known(data, job_id)
+        known[:] = sorted(set(known) | set(names))
         data["requeue"].pop(ctx.op_id, None)
         self._save(job, data)
         self.last_provision = {"job": job, "path": path, "nodes": names, "why": list(why), "op_id": ctx.op_id}
@@ -791,7 +834,7 @@ class SlurmExecutor:
                 )
             time.sleep(0.3)
         new = [n for n in j.nodes if n not in pending["kept"]]
-        free = [n for n in pending["kept"] if n not in self._load(job)["known"]]
+        free = [n for n in pending["kept"] if n not in self._known(self._load(job), jid)]
         got = (free + new)[:count]
         if len(got) < count:
             raise PermanentError(

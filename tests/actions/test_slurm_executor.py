@@ -7,6 +7,8 @@ from a checkpoint, so a test can see where the step runs and that it went on fro
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
 import tomllib
@@ -111,6 +113,27 @@ def test_restart_runs_on_active_nodes_stop_keeps_the_allocation(job: TrainingJob
     assert (job.state_dir / "slurm" / "commands.jsonl").read_text().count("scancel") == scancels
 
 
+@pytest.fixture
+def logged_job(slurm_cluster: Slurm, tmp_path: Path) -> Iterator[TrainingJob]:
+    """A job whose restarted steps write their output where the job script's `#SBATCH --output=
+    %x-%j.out` style says (``srun_args``)."""
+    (tmp_path / "logs").mkdir()
+    yield from start_job(slurm_cluster, tmp_path, srun_args=[f"--output={tmp_path}/logs/%x-%j-%s.out"])
+
+
+def test_percent_x_in_srun_args_is_the_slurm_jobs_name(logged_job: TrainingJob, tmp_path: Path) -> None:
+    job, logs = logged_job, tmp_path / "logs"
+    job.executor.restart(spec(job.name, ACTIVE, SPARE), ctx("restart"))
+    job.wait_progress("n1", 0)
+    (step,) = job.training_steps()
+    assert step[1].startswith("tg-train.")  # the step keeps its own name
+    wanted = f"{job.name}-{step[0].replace('.', '-')}.out"
+    wait_until(
+        lambda: wanted in {f.name for f in logs.iterdir()}, 10, lambda: f"{wanted} in {list(logs.iterdir())}"
+    )
+    assert [f.name for f in logs.iterdir()] == [wanted]  # no "(null)-..." file
+
+
 def test_fault_evict_drain_and_restart_on_the_spare_from_the_checkpoint(job: TrainingJob) -> None:
     ex, s = job.executor, spec(job.name, ACTIVE, SPARE)
     ex.restart(s, ctx("restart"))
@@ -193,6 +216,61 @@ def test_spare_left_in_the_allocation_is_provisioned_first(job: TrainingJob) -> 
     again = SlurmExecutor(ex.cfg, ExecutorEnv(state_dir=job.state_dir))
     assert again.provision_standbys(job.name, 1, step) == ["n4"]
     assert not again.commands  # answered without asking Slurm
+
+
+def test_a_reused_job_name_is_a_new_run_whose_spares_are_its_own(job: TrainingJob) -> None:
+    ex = job.executor
+    ex.stop(spec(job.name, ACTIVE, SPARE), ctx("stop"))  # the first run hands out n1-n4
+    first = job.job_id
+    job.sh("scancel", first)
+    # The same script submitted again: a new Slurm job of the same name on the same nodes.
+    again = job.sh("sbatch", "--parsable", "-N", "4", "--ntasks-per-node=1", "-w", "n[1-4]", "-J", job.name,
+                   "-o", str(job.work / "batch-%j.out"), "--wrap", "exec sleep infinity").strip()  # fmt: skip
+    try:
+        # The first run may still be completing: the running one is the job.
+        job.job_id = again
+        wait_until(lambda: job.show_job().get("JobState") == "RUNNING", 30, f"Slurm job {again} running")
+        assert ex.slurm_job_id(job.name, ctx("lookup")) == again
+        ex.stop(spec(job.name, ACTIVE, []), ctx("stop"))
+        # n4 was the first run's standby; in this run it is in no spec: a free spare, not a node
+        # handed out already (which sent the swap to grow or requeue the new job).
+        assert ex.provision_standbys(job.name, 1, ctx("replenish")) == ["n4"]
+        assert ex.last_provision["path"] == "spare"
+        runs = json.loads((job.state_dir / "slurm" / f"{job.name}.json").read_text())["runs"]
+        assert runs == {first: {"known": ACTIVE + SPARE}, again: {"known": ACTIVE + SPARE}}
+    finally:
+        job.cluster.run("scancel", again)
+
+
+FAKE_SQUEUE = """#!/bin/sh
+# squeue's answer to `squeue -h -n NAME -o %i|%T [-u USER]`: the rows in $SQUEUE_ROWS; logs its argv.
+echo "$@" >> "$SQUEUE_LOG"
+cat "$SQUEUE_ROWS"
+"""
+
+
+def test_the_job_of_a_reused_name_is_the_running_one_of_the_configured_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(FAKE_SQUEUE)
+    (bin_dir / "squeue").chmod(0o755)
+    rows, log = tmp_path / "rows", tmp_path / "argv.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SQUEUE_ROWS", str(rows))
+    monkeypatch.setenv("SQUEUE_LOG", str(log))
+    ex = SlurmExecutor(SlurmExecutorConfig(user="alice"), ExecutorEnv(state_dir=tmp_path / "state"))
+    rows.write_text("41|COMPLETING\n42|RUNNING\n43|PENDING\n")
+    assert ex.slurm_job_id("llm", ctx("lookup")) == "42"
+    assert log.read_text() == "-h -n llm -o %i|%T -u alice\n"
+    rows.write_text("42|RUNNING\n44|RUNNING\n")
+    with pytest.raises(
+        PermanentError, match=r"2 Slurm jobs are named 'llm' \(42 RUNNING, 44 RUNNING\), 2 of"
+    ):
+        ex.slurm_job_id("llm", ctx("lookup"))
+    rows.write_text("43|PENDING\n")  # one job, whatever its state (a requeued one is pending)
+    assert ex.slurm_job_id("llm", ctx("lookup")) == "43"
 
 
 def test_exhausted_spares_requeue_with_the_bad_node_excluded(job: TrainingJob) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import doctest
+import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,15 @@ from trainguard.infra.signing import (
     Verifier,
     init_keys,
 )
-from trainguard.launch_env import LaunchConfig, LaunchError, derived_port, parse_tasks_per_node, plan_launch
+from trainguard.launch_env import (
+    LaunchConfig,
+    LaunchError,
+    derived_port,
+    find_master,
+    parse_tasks_per_node,
+    plan_launch,
+    scontrol_show_node,
+)
 from trainguard.schemas.codec import decode, encode
 from trainguard.schemas.control import JobSpec
 from trainguard.streams.reporter import DEFAULT_SOCKET
@@ -296,7 +307,8 @@ def test_rank_0_reads_network_positions_from_topology_conf_beside_slurm_conf(tmp
     assert note.startswith(f"network positions of 5 node(s) from {tmp_path / 'topology.conf'}")
     assert note.endswith("not listed there: n6")  # a standby the file does not place
     spec = plan.job_spec(ts_ms=NOW)
-    assert decode(encode(spec), expect=JobSpec).positions == plan.positions
+    back = decode(encode(spec), expect=JobSpec)
+    assert isinstance(back, JobSpec) and back.positions == plan.positions
 
 
 def test_no_or_bad_topology_conf_leaves_the_spec_without_positions(tmp_path: Path) -> None:
@@ -309,3 +321,95 @@ def test_no_or_bad_topology_conf_leaves_the_spec_without_positions(tmp_path: Pat
     plan, note = launch_env.read_positions(plan_launch(bad, env), bad, env)
     assert plan.positions == {} and "without network positions" in note
     assert launch_env.topology_conf_path(LaunchConfig(job="llm"), {}) == "/etc/slurm/topology.conf"
+
+
+FAKE_SCONTROL = """#!/bin/sh
+# A stand-in for Slurm's scontrol: logs its arguments, answers `show node NAME -o` as Slurm does.
+echo "$@" >> "$SCONTROL_LOG"
+[ "$1 $2 $4" = "show node -o" ] || { echo "unexpected: $*" >&2; exit 2; }
+case "$3" in
+  n*) num=${3%%.*}; echo "NodeName=$3 Arch=x86_64 CoresPerSocket=1  NodeAddr=10.9.0.${num#n} NodeHostName=$3" ;;
+  *) echo "Node $3 not found" >&2; exit 1 ;;
+esac
+"""
+
+
+def fake_scontrol(tmp_path: Path) -> dict[str, str]:
+    """An environment whose PATH finds :data:`FAKE_SCONTROL` first; its calls go to ``scontrol.log``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "scontrol"
+    script.write_text(FAKE_SCONTROL)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SCONTROL_LOG": str(tmp_path / "scontrol.log")}
+
+
+def test_the_master_is_rank_0s_node_by_name_when_it_resolves_else_by_its_node_addr(tmp_path: Path) -> None:
+    env = {**slurm_env(), **fake_scontrol(tmp_path)}
+    cfg = LaunchConfig(job="llm", tp=2)
+    plan = plan_launch(cfg, env)
+    asked: list[str] = []
+
+    def resolves(name: str) -> bool:
+        asked.append(name)
+        return name == "n1"
+
+    # The name resolves: it is the address, and Slurm is not asked.
+    found = find_master(plan, cfg, env, resolves=resolves)
+    assert (found.master_addr, found.master_from) == ("n1", "rank 0's node n1 (its name resolves)")
+    assert asked == ["n1"] and not (tmp_path / "scontrol.log").exists()
+    assert found.child_env()["MASTER_ADDR"] == "n1"
+
+    # It does not (the local stack's n1..n6): the NodeAddr scontrol gives, from one query.
+    found = find_master(plan, cfg, env, resolves=lambda name: False)
+    assert found.master_addr == "10.9.0.1" and found.child_env()["MASTER_ADDR"] == "10.9.0.1"
+    assert found.master_from == "NodeAddr of n1 (scontrol show node; the name n1 does not resolve here)"
+    assert (tmp_path / "scontrol.log").read_text() == "show node n1 -o\n"
+
+    # A restarted step's rank 0 is the first of TRAINGUARD_NODES, not of Slurm's sorted list.
+    restarted = slurm_env(SLURM_STEP_NODELIST="n[1,3-5]", SLURM_PROCID="2", SLURM_LOCALID="0",
+                          SLURMD_NODENAME="n1", TRAINGUARD_NODES="n5,n1,n3,n4", TRAINGUARD_RESTART="1")  # fmt: skip
+    found = find_master(plan_launch(cfg, restarted), cfg, env, resolves=lambda name: False)
+    assert found.master_addr == "10.9.0.5"
+
+    # --master-addr wins: nothing is looked up.
+    asked.clear()
+    given = LaunchConfig(job="llm", tp=2, master_addr="10.0.0.1")
+    found = find_master(plan_launch(given, env), given, env, resolves=resolves)
+    assert (found.master_addr, found.master_from, asked) == ("10.0.0.1", "--master-addr", [])
+
+
+def test_a_master_nobody_can_resolve_keeps_its_name_and_says_what_to_do(tmp_path: Path) -> None:
+    cfg = LaunchConfig(job="llm", tp=2)
+    env = {**slurm_env(SLURM_STEP_NODELIST="gpu[1-4]", SLURM_JOB_NODELIST="gpu[1-6]", SLURMD_NODENAME="gpu3"),
+           **fake_scontrol(tmp_path)}  # fmt: skip
+    found = find_master(plan_launch(cfg, env), cfg, env, resolves=lambda name: False)
+    assert found.master_addr == "gpu1"
+    assert found.master_from.startswith("unresolved: rank 0's node gpu1 does not resolve here and error: ")
+    assert "Node gpu1 not found" in found.master_from and found.master_from.endswith("pass --master-addr")
+    # A NodeAddr that is the name itself says nothing new.
+    same = find_master(
+        plan_launch(cfg, env), cfg, env, resolves=lambda name: False,
+        show_node=lambda name, environ: f"NodeName={name} NodeAddr={name}",
+    )  # fmt: skip
+    assert same.master_from.startswith("unresolved:") and "no other NodeAddr" in same.master_from
+    # No scontrol at all: said, never a traceback.
+    assert scontrol_show_node("n1", {"PATH": str(tmp_path / "nowhere")}) == "error: scontrol is not installed"
+
+
+def test_the_launcher_logs_how_it_found_the_master(tmp_path: Path) -> None:
+    # Names under .invalid never resolve (RFC 6761); the fake scontrol knows them.
+    env = slurm_env(SLURM_PROCID="0", SLURM_LOCALID="0", SLURMD_NODENAME="n1.invalid",
+                    SLURM_STEP_NODELIST="n[1-4].invalid", SLURM_JOB_NODELIST="n[1-6].invalid")  # fmt: skip
+    env.update(fake_scontrol(tmp_path), TRAINGUARD_HOME=str(tmp_path / "home"))
+    ready = tmp_path / "ready.json"
+    result = CliRunner().invoke(
+        launch,
+        ["--job", "llm", "--tp", "2", "--no-publish", "--reporter-socket", str(tmp_path / "no.sock"),
+         "--ready-file", str(ready), "--", "true"],
+        env=env,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "master address 10.9.0.1: NodeAddr of n1.invalid (scontrol show node;" in result.output
+    info = json.loads(ready.read_text())
+    assert (info["master_addr"], info["master_from"].split(" (")[0]) == ("10.9.0.1", "NodeAddr of n1.invalid")

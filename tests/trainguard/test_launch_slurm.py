@@ -36,7 +36,15 @@ from trainguard.actions.executors.slurm import SlurmExecutor, SlurmExecutorConfi
 from trainguard.infra.bus import verifier_for
 from trainguard.infra.config import Settings
 from trainguard.infra.stack.slurm import Slurm
-from trainguard.launch_env import derived_port
+from trainguard.launch_env import (
+    LaunchConfig,
+    derived_port,
+    find_master,
+    name_resolves,
+    node_addr,
+    plan_launch,
+    scontrol_show_node,
+)
 from trainguard.schemas.base import now_ms
 from trainguard.schemas.codec import decode
 from trainguard.schemas.control import JobSpec
@@ -303,3 +311,35 @@ def test_a_step_the_slurm_executor_restarts_publishes_no_spec_and_the_script_hol
         assert "the training went on in steps TrainGuard restarted" in log and "Killed" not in log, log
     finally:
         slurm_cluster.run("scancel", sub.slurm_id)
+
+
+def test_the_launcher_finds_the_master_without_master_addr(slurm_cluster: Slurm, tmp_path: Path) -> None:
+    # The local stack's nodes are declared NodeAddr=127.0.0.1: a name that does not resolve
+    # gets that address from the real scontrol.
+    env = slurm_cluster.env()
+    assert node_addr(scontrol_show_node("n1", env)) == "127.0.0.1"
+    task = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+            "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NODELIST": "n[1-2]"}  # fmt: skip
+    cfg = LaunchConfig(job="tgmaster")
+    found = find_master(plan_launch(cfg, task), cfg, env, resolves=lambda name: False)
+    assert (found.master_addr, found.master_from.split(" (")[0]) == ("127.0.0.1", "NodeAddr of n1")
+
+    # The whole launcher under srun, no --master-addr: both ranks agree on rank 0's node's address,
+    # by name where this host resolves n1 (a hosts entry), by NodeAddr where it does not.
+    ready = tmp_path / "ready"
+    res = subprocess.run(
+        ["srun", "-N", "2", "-w", "n[1-2]", "--ntasks-per-node=1", "--job-name=tg-train",
+         str(BIN / "trainguard"), "launch", "--job", "tgmaster", "--no-publish",
+         "--reporter-socket", str(tmp_path / "no-exporter.sock"), "--ready-file", f"{ready}/rank-{{rank}}.json",
+         "--", sys.executable, "-c", "import os; print('MASTER', os.environ['RANK'], os.environ['MASTER_ADDR'])"],
+        env={**env, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "TRAINGUARD_HOME": str(tmp_path / "home")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    infos = [json.loads((ready / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    expected = ("n1", "rank 0's node n1") if name_resolves("n1") else ("127.0.0.1", "NodeAddr of n1")
+    for info in infos:
+        assert (info["master_addr"], info["master_from"].split(" (")[0]) == expected, info
+    said = sorted(ln for ln in res.stdout.splitlines() if ln.startswith("MASTER"))
+    assert said == [f"MASTER 0 {expected[0]}", f"MASTER 1 {expected[0]}"], res.stdout
+    assert f"trainguard launch: master address {expected[0]}: {expected[1]}" in res.stderr, res.stderr

@@ -1,6 +1,9 @@
 """``trainguard actions``: run the action service, and operate it.
 
 * ``trainguard actions [run]`` -- consume decisions and drive recoveries (until SIGINT/SIGTERM);
+  its settings: the config file's ``actions`` section, ``TRAINGUARD__ACTIONS__*``, then ``run``'s
+  options (``--job``, ``--executor``, ``--state-dir``; ``--print-config`` shows the result), every
+  key in ``docs/configuration.md``;
 * ``trainguard actions status [--job J] [--json]`` -- recent recoveries, their states and steps;
 * ``trainguard actions release ID`` / ``cancel ID`` -- let a held recovery go on, or drop it;
 * ``trainguard actions add-standby --job J NODE...`` -- put healthy nodes into the job's standby
@@ -15,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -28,11 +32,25 @@ from trainguard.context import friendly_errors, settings
 from trainguard.schemas.base import now_ms
 
 
-def _config(ctx: click.Context) -> Any:
+def _config(ctx: click.Context, **overrides: Any) -> Any:
+    """The ``actions`` settings: the file's section, ``TRAINGUARD__ACTIONS__*``, then ``overrides``
+    (``run``'s options; None: not given)."""
     from trainguard.actions.config import ActionsConfig
     from trainguard.infra.config import component_config
 
-    return component_config(settings(ctx), "actions", ActionsConfig)
+    cfg = component_config(settings(ctx), "actions", ActionsConfig)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(cfg, **given) if given else cfg
+
+
+def effective_config(cfg: Any) -> dict[str, Any]:
+    """``cfg`` as the mapping of an ``actions`` section, its executor's options checked against
+    the executor's config class and completed with their defaults."""
+    from trainguard.actions.executors.base import find_executor
+    from trainguard.schemas.config import load_config
+
+    options: Any = load_config(find_executor(cfg.executor).config_cls, cfg.executor_options)
+    return {**dataclasses.asdict(cfg), "executor_options": dataclasses.asdict(options)}
 
 
 def _store(ctx: click.Context) -> Any:
@@ -66,10 +84,10 @@ def _elector(cfg: Any) -> Any:
     return LeaseElector(api, namespace, name, lease_s=lease_s, renew_s=max(1.0, lease_s / 3))
 
 
-def _run(ctx: click.Context) -> None:
+def _run(ctx: click.Context, **overrides: Any) -> None:
     from trainguard.actions.service import ActionService
 
-    cfg = _config(ctx)
+    cfg = _config(ctx, **overrides)
     stop, lost = threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -102,17 +120,71 @@ def _run(ctx: click.Context) -> None:
 @click.pass_context
 @friendly_errors
 def actions(ctx: click.Context) -> None:
-    """The action service: without a subcommand, run it."""
+    """The action service: without a subcommand, run it (as `run` does, with the configured
+    settings; `trainguard actions run --help` says where they come from)."""
     if ctx.invoked_subcommand is None:
         _run(ctx)
 
 
 @actions.command("run")
+@click.option(
+    "--job",
+    "jobs",
+    multiple=True,
+    metavar="NAME",
+    help="Act on this job only; repeat for several (replaces actions.jobs; default: every job).",
+)
+@click.option(
+    "--executor",
+    default=None,
+    metavar="NAME",
+    help="Executor plugin: dry_run (the default: acts on nothing), slurm, kubernetes, or one a "
+    "plugin registers (replaces actions.executor; its options stay actions.executor_options).",
+)
+@click.option(
+    "--state-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the progress store and the executor's state live (replaces actions.state_dir; "
+    "default: <stack home>/actions).",
+)
+@click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the settings the service would run with (JSON, executor options with their "
+    "defaults) and exit.",
+)
 @click.pass_context
 @friendly_errors
-def run(ctx: click.Context) -> None:
-    """Consume decisions and drive recoveries until interrupted."""
-    _run(ctx)
+def run(
+    ctx: click.Context, jobs: tuple[str, ...], executor: str | None, state_dir: str | None, print_config: bool
+) -> None:
+    """Consume decisions and drive recoveries until interrupted (SIGINT, SIGTERM).
+
+    Settings, lowest priority first: the defaults; the `actions` section of the config file
+    (trainguard --config FILE, or $TRAINGUARD_CONFIG); TRAINGUARD__ACTIONS__<KEY> variables
+    (nested keys joined by __, values read as YAML: TRAINGUARD__ACTIONS__JOBS='[llm]'); these
+    options. Unknown keys are errors. Every key -- jobs, state_dir, executor, executor_options,
+    the safety limits, retries -- and each executor's options, with defaults: docs/configuration.md.
+
+    \b
+    actions:
+      executor: slurm
+      executor_options: {step_command: [trainguard, launch, --job, llm, --, python, train.py]}
+      jobs: [llm]
+
+    Kafka, ClickHouse, the signing keys and the stack home (the default state) come from the same
+    file's kafka, clickhouse, signing and stack sections and $TRAINGUARD_HOME.
+    """
+    overrides = {"jobs": list(jobs) if jobs else None, "executor": executor, "state_dir": state_dir}
+    if print_config:
+        from trainguard.actions.service import state_dir as resolved_state_dir
+
+        cfg = _config(ctx, **overrides)
+        click.echo(json.dumps({"actions": effective_config(cfg)}, indent=2))
+        click.echo(f"state in {resolved_state_dir(settings(ctx), cfg)}", err=True)
+        return
+    _run(ctx, **overrides)
 
 
 def _when(ms: int | None) -> str:

@@ -6,7 +6,8 @@ What a job script runs after ``srun`` (one launch per task)::
 
 Each task maps Slurm's environment to the job topology (:mod:`trainguard.launch_env`), starts CMD
 with the usual torch variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``) and the reporter's (``TRAINGUARD_JOB``, ``TRAINGUARD_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``; the address is rank 0's node, by name when it resolves, else its
+Slurm ``NodeAddr``, and rank 0 says which) and the reporter's (``TRAINGUARD_JOB``, ``TRAINGUARD_RANK``,
 ``TRAINGUARD_NODE``, ``TRAINGUARD_REPORTER_SOCKET``), forwards SIGTERM, SIGINT and SIGUSR1 to it and
 exits with its exit code (128 + the signal if a signal killed it, as a shell does): Slurm and the
 exporter classify the exit by that code.  Slurm itself signals every process of a step, so on
@@ -346,6 +347,7 @@ def signal_ready(plan: LaunchPlan, pid: int, outcome: SpecOutcome) -> None:
         "world_size": plan.world_size,
         "master_addr": plan.master_addr,
         "master_port": plan.master_port,
+        "master_from": plan.master_from,
         "pid": pid,
         "ts_ms": now_ms(),
         "spec": asdict(outcome),
@@ -384,7 +386,11 @@ _OPTION_NAMES = {"publish_timeout_s": "--publish-timeout", "register_interval_s"
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--dp", type=int, default=0, help="Data parallel size (default: tasks / (tp * pp)).")
 @click.option("--order", default="tp-dp-pp", show_default=True, help="Rank order, fastest dimension first.")
-@click.option("--master-addr", default="", help="Rendezvous host (default: the step's first node).")
+@click.option(
+    "--master-addr",
+    default="",
+    help="Rendezvous host (default: rank 0's node: its name when it resolves, else its Slurm NodeAddr).",
+)
 @click.option(
     "--master-port", type=int, default=0, help="Rendezvous port (default: 20000 + Slurm job id % 10000)."
 )
@@ -433,7 +439,7 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
     """Run one Slurm task of a training job: CMD with its rank's environment; rank 0 publishes the
     job spec.  Use after srun: srun trainguard launch --job J --tp 8 -- python train.py"""
     # Here, not at the top: every `trainguard` command would pay for the Slurm parsing imports.
-    from trainguard.launch_env import LaunchConfig, LaunchError, plan_launch, read_positions
+    from trainguard.launch_env import LaunchConfig, LaunchError, find_master, plan_launch, read_positions
 
     if not command:
         raise click.UsageError("give the training command after --: trainguard launch --job J -- CMD ARGS...")
@@ -445,6 +451,7 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
         plan = plan_launch(cfg, os.environ)
     except LaunchError as exc:
         raise click.ClickException(f"{PREFIX} {exc}") from None
+    plan = find_master(plan, cfg, os.environ)
     if plan.publishes:  # only the spec needs them: rank 0 reads the file, not every task
         plan, note = read_positions(plan, cfg, os.environ)
         if note:
@@ -461,6 +468,7 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
             f"(tp{t.tp} pp{t.pp} dp{t.dp}, {t.ranks_per_machine} per node) on {','.join(t.machines)}, "
             f"standbys {','.join(plan.standbys) or 'none'}, master {plan.master_addr}:{plan.master_port}"
         )
+        say(f"master address {plan.master_addr}: {plan.master_from}")
     try:
         child = subprocess.Popen(list(command), env={**os.environ, **plan.child_env()})
     except FileNotFoundError:
