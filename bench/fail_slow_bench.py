@@ -17,7 +17,13 @@ Each window is judged with the straggler hint a detection would give:
 
 ``--before`` adds the rule as it was (a 60% vote over 5 rounds, no chance bound, no more rounds).
 
-Usage: ``python bench/fail_slow_bench.py tests/fixtures/stacks [--before] [--alpha 0.01]``
+``--lose-last`` adds the captures of a loaded machine, where the last round of every batch reaches
+the worker after the capture's deadline (each round's dumps took 1.1-1.8 s in the demo run of
+2026-11-27 18:00:16): judged as the worker does now (the lost round left out of the vote, more
+rounds asked for while at most ``fail_slow_max_rounds`` are asked in all, ``Capture.extra_rounds``)
+and as it did before (a lost round ended the capture with the close vote's healthy verdict).
+
+Usage: ``python bench/fail_slow_bench.py tests/fixtures/stacks [--before] [--lose-last] [--alpha 0.01]``
 (stderr: the capture being judged, captures done; stdout: the tables and ``--json``).
 """
 
@@ -72,6 +78,30 @@ def judge(
     return res.verdict, res.evict_ranks, used, bool(res.evidence.more_rounds)
 
 
+def judge_lossy(
+    clf: OverEvictionClassifier,
+    states: list[list[RankState]],
+    start: int,
+    hint: tuple[int, ...],
+    refuse: bool,
+) -> tuple[Verdict, tuple[int, ...], int, bool]:
+    """:func:`judge` when the last round of every batch of ``fail_slow_rounds`` is lost (after the
+    deadline): the vote is over the rounds that came; a close one takes more rounds while at most
+    ``fail_slow_max_rounds`` are asked in all, or (``refuse``: the rule before) none at all."""
+    cfg = clf.config
+    rotated = states[start:] + states[:start]
+    asked = min(cfg.fail_slow_rounds, len(rotated))
+    while True:
+        answered = [rotated[i] for i in range(asked) if (i + 1) % cfg.fail_slow_rounds]
+        res = clf.analyze_states(answered, mode="fail_slow", hint=hint)
+        more = res.evidence.more_rounds
+        follow = 0 if refuse else max(0, min(more, cfg.fail_slow_max_rounds - asked))
+        if follow and asked < len(rotated):
+            asked = min(asked + follow, len(rotated))
+            continue
+        return res.verdict, res.evict_ranks, len(answered), bool(follow)
+
+
 def topology(manifest: dict[str, object]) -> JobTopology:
     t = manifest["topology"]
     assert isinstance(t, dict)
@@ -89,13 +119,18 @@ def judge_case(
     slow: int | None,
     hints: list[tuple[int, ...]],
     use_hints: bool,
+    lossy: str = "",
 ) -> Tally:
     """Every window of one capture with every hint (``use_hints`` False: the rule before hints,
-    judged as often, so the rates compare)."""
+    judged as often, so the rates compare; ``lossy`` "now" or "was": :func:`judge_lossy`)."""
     tally = Tally()
     for start in range(len(states)):
         for hint in hints:
-            verdict, group, used, undecided = judge(clf, states, start, hint if use_hints else ())
+            h = hint if use_hints else ()
+            if lossy:
+                verdict, group, used, undecided = judge_lossy(clf, states, start, h, refuse=lossy == "was")
+            else:
+                verdict, group, used, undecided = judge(clf, states, start, h)
             fail_slow = verdict is Verdict.FAIL_SLOW
             tally.windows += 1
             tally.evicted += fail_slow and (slow is None or slow in group)
@@ -109,7 +144,9 @@ COLUMNS = ("capture", "ranks", "rounds", "judged", "windows", "evicted", "wrong"
 WIDTHS = (30, 5, 6, 18, 7, 7, 5, 9, 11)
 
 
-def run(folder: Path, cfg: OverEvictionConfig, label: str, use_hints: bool = True) -> dict[str, object]:
+def run(
+    folder: Path, cfg: OverEvictionConfig, label: str, use_hints: bool = True, lossy: str = ""
+) -> dict[str, object]:
     rows = []
     totals = {k: Tally() for k in ("healthy_no_hint", "healthy_rank_hint", "slow_no_hint", "slow_hint")}
     cases = sorted(p for p in folder.iterdir() if (p / "manifest.json").exists())
@@ -125,12 +162,13 @@ def run(folder: Path, cfg: OverEvictionConfig, label: str, use_hints: bool = Tru
             states = [clf.states(r) for r in load_dump_dir(case)]
             slow = m.get("faulty_rank")
             world = topo.world_size
+            kinds: dict[str, list[tuple[int, ...]]]
             if slow is None:
                 kinds = {"healthy_no_hint": [()], "healthy_rank_hint": [(r,) for r in range(world)]}
             else:
                 kinds = {"slow_no_hint": [()], "slow_hint": [(int(slow),)]}
             for kind, hints in kinds.items():
-                tally = judge_case(clf, states, None if slow is None else int(slow), hints, use_hints)
+                tally = judge_case(clf, states, None if slow is None else int(slow), hints, use_hints, lossy)
                 totals[kind].add(tally)
                 values = (case.name, world, len(states), kind, tally.windows, tally.evicted, tally.wrong,
                           tally.undecided, round(tally.rounds / tally.windows, 1))  # fmt: skip
@@ -170,6 +208,11 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=None, help="fail_slow_alpha (default: the config's)")
     ap.add_argument("--min-vote", type=float, default=None, help="min_vote_fraction (default: the config's)")
     ap.add_argument("--before", action="store_true", help="also judge with the rule as it was")
+    ap.add_argument(
+        "--lose-last",
+        action="store_true",
+        help="also judge with every batch's last round lost, now and before",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON at the end")
     args = ap.parse_args()
     cfg = OverEvictionConfig()
@@ -189,6 +232,16 @@ def main() -> None:
         )  # fmt: skip
         out.append(
             run(args.fixtures, before, "before: 60% vote over 5 rounds, no chance bound, no hints", False)
+        )
+    if args.lose_last:
+        out.append(run(args.fixtures, cfg, f"{label}; each batch's last round lost", lossy="now"))
+        out.append(
+            run(
+                args.fixtures,
+                cfg,
+                f"{label}; each batch's last round lost, a lost round ends it",
+                lossy="was",
+            )
         )
     if args.json:
         print(json.dumps(out))

@@ -172,14 +172,18 @@ class Capture:
             return None, {**info, "used": False, "reason": f"Flight Recorder analysis failed: {exc}"}
         return result, {**info, "used": True, **result.to_dict()}
 
-    def missing(self) -> dict[int, list[int]]:
-        """round -> ranks whose main process has not answered (yet)."""
+    def missing(self, since: int = 0) -> dict[int, list[int]]:
+        """round -> ranks whose main process has not answered (yet), for the rounds from ``since``."""
         got: dict[int, set[int]] = {}
         for d in self.dumps:
             if d.role is ProcessRole.MAIN and not d.error:
                 got.setdefault(d.round, set()).add(d.rank)
         world = set(range(self.topology.world_size))
-        return {r: sorted(world - got.get(r, set())) for r in range(self.rounds) if world - got.get(r, set())}
+        return {
+            r: sorted(world - got.get(r, set()))
+            for r in range(since, self.rounds)
+            if world - got.get(r, set())
+        }
 
     def fr_missing(self) -> list[int]:
         """Ranks whose Flight Recorder has not answered (none when it was not asked)."""
@@ -188,22 +192,54 @@ class Capture:
         return [r for r in range(self.topology.world_size) if r not in self.fr]
 
     def ready(self, now_ms: int) -> bool:
-        answered = not self.missing() and not self.fr_missing()
+        """Complete or past its deadline (and not before ``not_before_ms``).  Complete counts the
+        rounds asked for last (from ``extended_from``): an earlier round's missing answers were
+        given up on when it was judged, and waiting for them again would hold every later batch
+        to its deadline."""
+        answered = not self.missing(self.extended_from) and not self.fr_missing()
         return now_ms >= self.not_before_ms and (answered or now_ms >= self.deadline_ms)
 
-    def answered_rounds(self) -> int:
-        """How many of the leading rounds have at least one main-process dump: a round nobody
-        answered (exporters gone, a replay without it) is no evidence either way."""
+    def answered(self) -> list[int]:
+        """The rounds asked for that have at least one main-process dump, in order: a round nobody
+        answered (its dumps later than the deadline, exporters gone, a replay without it) is no
+        evidence either way, and one lost in the middle does not hide the rounds after it."""
         got = {d.round for d in self.dumps if d.role is ProcessRole.MAIN and not d.error and d.rank >= 0}
-        n = 0
-        while n < self.rounds and n in got:
-            n += 1
-        return n
+        return [r for r in range(self.rounds) if r in got]
 
-    def may_extend(self) -> bool:
-        """Whether a "more rounds" verdict can be followed: every round asked for so far was
-        answered (else the extra rounds would not come either, and the verdict stands)."""
-        return self.rounds > 1 and self.answered_rounds() == self.rounds
+    def extra_rounds(self, more: int, max_rounds: int) -> int:
+        """How many of the ``more`` rounds a close fail-slow vote asks for this capture follows (0:
+        the verdict stands as it is).
+
+        None for a one-round capture, or when no round of the last batch asked for (from
+        ``extended_from``) was answered: the exporters did not answer it, and more rounds would
+        not come either.  A batch whose last rounds came after the deadline (dumps slowed by a
+        loaded machine) did answer: its lost rounds are left out of the vote, and the capture goes
+        on.  In all, at most ``max_rounds`` rounds are asked for (the classifier's
+        ``fail_slow_max_rounds``): the looks at the vote stay the ones its significance is spent
+        over (:meth:`~trainguard.detectors.stacks.OverEvictionClassifier._alpha_per_test`)."""
+        if more <= 0 or self.rounds <= 1:
+            return 0
+        if not any(r >= self.extended_from for r in self.answered()):
+            return 0
+        return max(0, min(more, max_rounds - self.rounds))
+
+    def round_pace_s(self) -> float | None:
+        """Seconds from one round to the next on the slowest machine, over the rounds of the last
+        batch (from ``extended_from``) each machine answered: the interval between rounds plus
+        the time its dumps took (py-spy on a loaded machine: seconds, not tens of ms).  From the
+        dumps' own timestamps, each machine's against its own clock.  None: fewer than two
+        rounds of the batch answered on every machine that answered."""
+        ends: dict[str, dict[int, int]] = {}
+        for d in self.dumps:
+            if d.role is ProcessRole.MAIN and not d.error and d.rank >= 0 and d.round >= self.extended_from:
+                node = ends.setdefault(d.node, {})
+                node[d.round] = max(node.get(d.round, d.ts_ms), d.ts_ms)
+        paces = []
+        for by_round in ends.values():
+            first, last = min(by_round, default=0), max(by_round, default=0)
+            if last > first:
+                paces.append((by_round[last] - by_round[first]) / 1000 / (last - first))
+        return max(paces) if paces else None
 
     def analyze(
         self,
@@ -216,12 +252,12 @@ class Capture:
 
         A fail-slow vote that is close says so in ``evidence.evidence.more_rounds``: the caller
         (:meth:`Captures.extend`) captures those rounds and judges again, or emits the healthy
-        verdict as it is when :meth:`may_extend` is false."""
+        verdict as it is when :meth:`extra_rounds` follows none of them."""
         topo = self.topology
         clf = OverEvictionClassifier(topo, config)
         rounds = rounds_from_dumps(self.dumps, self.rounds)
-        if self.rounds > 1:  # fail-slow: drop the trailing rounds nobody answered
-            rounds = rounds[: max(1, self.answered_rounds())]
+        if self.rounds > 1:  # fail-slow: leave out the rounds nobody answered
+            rounds = [rounds[r] for r in self.answered()] or rounds[:1]
         stacks = clf.analyze(rounds, mode="auto", hint=self.hint)
         fr, fr_info = self.flight_recorder_result(fr_config)
         preference = preference_order(clf.config.evict_preference)
@@ -288,7 +324,12 @@ class Capture:
             msg += f"(suspects {list(result.suspect_ranks)}; {witness}): {result.evict_why or result.reason}"
         else:
             msg = f"{result.verdict.value}: no group to evict"
-            msg += f" yet ({more} more rounds asked for)" if more and self.may_extend() else ""
+            follow = self.extra_rounds(more, clf.config.fail_slow_max_rounds)
+            if follow:
+                msg += f" yet ({follow} more rounds asked for)"
+            elif more:
+                # Said, so a close vote left as it is can be told from a healthy one in the logs.
+                msg += f" (a close vote over {len(rounds)} rounds: {self._why_no_more()})"
             msg += f"; {result.evict_why}" if result.evict_why else ""
         return detection_from_finding(
             finding,
@@ -298,6 +339,14 @@ class Capture:
             source_key=self.capture_id,
             message=msg,
         )
+
+    def _why_no_more(self) -> str:
+        """Why :meth:`extra_rounds` follows none of a close vote's more rounds."""
+        if self.rounds <= 1:
+            return "a one-round capture takes no more rounds"
+        if not any(r >= self.extended_from for r in self.answered()):
+            return f"no round of {self.extended_from}-{self.rounds - 1} was answered, no more are asked"
+        return f"{self.rounds} rounds asked for, the most one capture takes"
 
     def moot(self, last_step_ms: int, now_ms: int) -> Detection:
         """The verdict on a hang's capture when the job took a step (at ``last_step_ms``) after
@@ -458,7 +507,12 @@ class Captures:
     def extend(self, cap: Capture, det: Detection, now_ms: int) -> list[Command]:
         """Follow a close fail-slow vote: re-open ``cap`` (just judged, so no longer pending) for
         the more rounds its verdict asks for and return their commands; [] when the verdict
-        stands (it asked for none, or :meth:`Capture.may_extend` says they would not come)."""
+        stands (it asked for none, or :meth:`Capture.extra_rounds` follows none of them).
+
+        The new rounds' deadline counts what one round took in the batch just judged
+        (:meth:`Capture.round_pace_s`, at least ``fail_slow_interval_s`` and at most that plus
+        ``deadline_s``): on a loaded machine each round's dumps take seconds, and a deadline of
+        intervals alone lost the last round of every batch (demo run 2026-11-27 18:00:16)."""
         self.analysing.pop(cap.job, None)
         slow_not_hung = (
             det.kind == "over_eviction"
@@ -468,17 +522,21 @@ class Captures:
         if slow_not_hung and not cap.recheck and cap.rounds <= 1:
             self._recheck.add(cap.job)
         analysis = det.evidence.get("evidence") if det.kind == "over_eviction" else None
-        more = analysis.get("more_rounds", 0) if isinstance(analysis, dict) else 0
-        if not isinstance(more, int) or more <= 0 or not cap.may_extend():
+        asked = analysis.get("more_rounds", 0) if isinstance(analysis, dict) else 0
+        cfg = self.config
+        bound = cfg.over_eviction.fail_slow_max_rounds
+        more = cap.extra_rounds(asked, bound) if isinstance(asked, int) else 0
+        if more <= 0:
             return []
         if any(c.job == cap.job for c in self.pending.values()):
             return []  # a hang's capture took over while this one was analysed: its verdict stands
-        cfg = self.config
+        interval = cfg.fail_slow_interval_s
+        pace = min(max(interval, cap.round_pace_s() or interval), interval + cfg.deadline_s)
         cap.extended_from = cap.rounds
         cap.rounds += more
         # The exporters wait one interval before the first new round (it must not sample the job
-        # again right after the last one), hence ``more`` intervals.
-        cap.deadline_ms = now_ms + int((cfg.deadline_s + more * cfg.fail_slow_interval_s) * 1000)
+        # again right after the last one), hence ``more`` rounds at the pace of the last batch.
+        cap.deadline_ms = now_ms + int((cfg.deadline_s + more * pace) * 1000)
         self.pending[cap.capture_id] = cap
         # The cooldown counts from the last rounds asked for, not from the first request.
         self.last_capture_ms[cap.job] = now_ms
@@ -520,7 +578,11 @@ class Captures:
             return False
         if cap.fr_missing():
             return False  # every rank answers its recorder too (a dump or why not)
-        return len(answers.mains) >= cap.rounds * cap.topology.world_size and not answers.outstanding
+        # The rounds asked for last (an earlier round's missing answers were given up on).
+        first = cap.extended_from
+        mains = sum(1 for r, _ in answers.mains if r >= first)
+        waiting = any(r >= first for r, _ in answers.outstanding)
+        return mains >= (cap.rounds - first) * cap.topology.world_size and not waiting
 
     def due(self, now_ms: int) -> list[Capture]:
         """Remove and return the captures ready for analysis (complete or past their deadline);
