@@ -51,6 +51,8 @@ ALLOCATION = 5
 #: an NVRM line as the driver prints it (format: NVIDIA's Xid documentation, "Xid 79: GPU has
 #: fallen off the bus"), behind a dmesg-style timestamp.
 XID_LINE = "[{uptime:.6f}] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n"
+#: the faults, in the order they are injected by default.
+FAULTS = ("sigkill", "sigkill-again", "sigstop", "xid")
 _BLOCK = re.compile(r"```[a-z]*\n# own-job: (?P<name>[\w.-]+)\n(?P<body>.*?)```", re.S)
 
 
@@ -114,9 +116,8 @@ def training_ranks() -> list[Rank]:
             continue
         if state == "Z":
             continue
-        ranks.append(
-            Rank(int(entry.name), int(env.get(b"RANK", b"-1")), env.get(b"TRAINGUARD_NODE", b"").decode(), state)
-        )
+        node = env.get(b"TRAINGUARD_NODE", b"").decode()
+        ranks.append(Rank(int(entry.name), int(env.get(b"RANK", b"-1")), node, state))
     return sorted(ranks, key=lambda r: r.rank)
 
 
@@ -320,25 +321,27 @@ class OwnJob:
             raise SystemExit(f"the job did not train within {a.start_timeout_s:.0f} s: see {self.dir}")
         self.log(f"training; faults in {a.train_s:.0f} s")
         time.sleep(a.train_s)
-        first = self.run_fault("sigkill", None)
-        time.sleep(max(0.0, a.gap_s - (time.time() * 1000 - first.injected_ms) / 1000))
-        other = next((r.node for r in training_ranks() if r.node != first.culprit_node), None)
-        self.run_fault("sigkill-again", other)
-        time.sleep(a.settle_s)
-        ranks = training_ranks()
-        self.run_fault("sigstop", ranks[-1].node if ranks else None)
-        time.sleep(a.settle_s)
-        ranks = training_ranks()
-        self.run_fault("xid", ranks[0].node if ranks else None)
-        time.sleep(a.settle_s)
+        for name in a.faults:
+            ranks = training_ranks()
+            if name == "sigkill-again" and self.faults:
+                # The second crash comes --gap-s after the first, on another node.
+                first = self.faults[0]
+                time.sleep(max(0.0, a.gap_s - (time.time() * 1000 - first.injected_ms) / 1000))
+                ranks = training_ranks()
+                pick = next((r.node for r in ranks if r.node != first.culprit_node), None)
+            elif name == "xid":
+                pick = ranks[0].node if ranks else None  # rank 0's node: the rendezvous moves
+            else:
+                pick = ranks[-1].node if ranks else None
+            self.run_fault(name, pick)
+            if name != "sigkill" or "sigkill-again" not in a.faults:
+                time.sleep(a.settle_s)
         false_evictions = self.attribute()
         return {
             "slurm_job_id": self.slurm_job_id,
             "run_dir": str(self.dir),
             "false_evictions": false_evictions,
-            "faults": [
-                {k: v for k, v in asdict(f).items() if k != "injected_ms"} for f in self.faults
-            ],
+            "faults": [{k: v for k, v in asdict(f).items() if k != "injected_ms"} for f in self.faults],
             "nodes": [
                 {"node": n["name"], "state": n["state"], "reason": n["reason"]} for n in self.slurm.nodes()
             ],
@@ -377,7 +380,18 @@ def main() -> None:
     p.add_argument("--start-timeout-s", type=float, default=180.0)
     p.add_argument("--recover-timeout-s", type=float, default=120.0)
     p.add_argument("--out-dir", default="")
+    p.add_argument(
+        "--faults",
+        type=lambda v: v.split(","),
+        default=list(FAULTS),
+        help=f"comma-separated, in order (default: {','.join(FAULTS)})",
+    )
     args = p.parse_args()
+    if unknown := set(args.faults) - set(FAULTS):
+        p.error(f"unknown fault(s) {sorted(unknown)}: choose from {', '.join(FAULTS)}")
+    # SIGTERM (a test's or an operator's stop) ends the run through its finally: the Slurm job
+    # cancelled, the worker and the action service stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run = OwnJob(args)
     try:
         result = run.run()
@@ -390,7 +404,8 @@ def main() -> None:
     else:
         for f in result["faults"]:
             print(
-                f"{f['fault']:<14} culprit {f['culprit_node']:<4} blamed {','.join(f['blamed_nodes']) or '-':<8} "
+                f"{f['fault']:<14} culprit {f['culprit_node']:<4} "
+                f"blamed {','.join(f['blamed_nodes']) or '-':<8} "
                 f"evicted {','.join(f['evicted_nodes']) or '-':<8} trains again {f['trains_again_s']} s"
             )
         print(f"false evictions: {result['false_evictions'] or 'none'}")

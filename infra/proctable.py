@@ -36,6 +36,9 @@ from pathlib import Path
 
 #: stat states of a process that has exited: a zombie (not yet reaped) and dead (being reaped).
 DEAD_STATES = frozenset({"Z", "X"})
+#: states of a stopped process: job-control stop (SIGSTOP) and tracing stop.  It holds its stacks
+#: still but runs no code of its own (no Flight Recorder dump, no reporter datagram).
+STOPPED_STATES = frozenset({"T", "t"})
 
 
 @dataclass(frozen=True)

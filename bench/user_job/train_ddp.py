@@ -33,9 +33,7 @@ def dataset(samples: int, features: int) -> TensorDataset:
 
 
 def model(features: int) -> torch.nn.Module:
-    return torch.nn.Sequential(
-        torch.nn.Linear(features, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(features, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 
 
 def main() -> None:
@@ -64,7 +62,7 @@ def main() -> None:
         print(f"[rank {rank}] resuming from the snapshot at epoch {epochs_run}", flush=True)
     ddp = DDP(net)
     data = dataset(args.samples, args.features)
-    sampler = DistributedSampler(data)
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(data)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     steps_per_epoch = len(loader)
 

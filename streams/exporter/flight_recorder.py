@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.detectors.flight_recorder import FlightRecorderError, dump_to_event, parse_dump
-from trainguard.infra.proctable import DEAD_STATES, LIVE
+from trainguard.infra.proctable import DEAD_STATES, LIVE, STOPPED_STATES
 from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.enums import ProcessRole
 from trainguard.schemas.telemetry import SourceHealth
@@ -293,6 +293,14 @@ class FlightRecorderCollector:
         """Publish each rank's answer as it lands; after ``wait_s``, an error for the silent ones."""
         pending = dict(registered)
         deadline = time.monotonic() + self.cfg.wait_s
+        # A stopped rank (SIGSTOP, a debugger) runs none of its own code, so it cannot write its
+        # dump: say so now instead of after wait_s -- the capture waits for every rank's answer.
+        stopped = self._stopped_pids()
+        for rank, reg in sorted(pending.items()):
+            if reg.pid in stopped:
+                why = "the rank's process is stopped (state T): it cannot write its Flight Recorder"
+                self._error_event(rank, capture_id, reg.pid, why, job=reg.job)
+                del pending[rank]
         while pending:
             for rank, reg in list(pending.items()):
                 dump, error = dumps / f"rank_{rank}", dumps / f"rank_{rank}.error"
@@ -309,6 +317,13 @@ class FlightRecorderCollector:
             self._fail(f"capture {capture_id}: rank {rank} (pid {reg.pid}) gave no dump")
             why = f"no Flight Recorder dump within {self.cfg.wait_s:g}s"
             self._error_event(rank, capture_id, reg.pid, why, job=reg.job)
+
+    def _stopped_pids(self) -> set[int]:
+        try:
+            return {p.pid for p in self.discover() if p.state in STOPPED_STATES}
+        except Exception as exc:
+            self._fail(f"process discovery failed: {exc}")
+            return set()
 
     def _reason(self, path: Path) -> str:
         """The one line a rank wrote instead of its dump."""

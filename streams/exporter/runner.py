@@ -75,7 +75,11 @@ class Exporter:
         if state_dir is not None:
             state_dir.mkdir(parents=True, exist_ok=True)
         #: the ranks launchers registered here (the service shares it with its captures).
-        self.ranks = ranks or RankRegistry(cfg.process.max_registered, cfg.process.registered_linger_s)
+        # `is None`, not `or`: the service's registry is empty (falsy: it has a length) when it is
+        # handed over, and a new one here would leave the captures following nobody.
+        if ranks is None:
+            ranks = RankRegistry(cfg.process.max_registered, cfg.process.registered_linger_s)
+        self.ranks = ranks
         ctx = SourceContext(
             cfg,
             state_dir=state_dir,

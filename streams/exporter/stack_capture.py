@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trainguard.infra.proctable import DEAD_STATES, LIVE
+from trainguard.infra.proctable import DEAD_STATES, LIVE, STOPPED_STATES
 from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.enums import ProcessRole
 from trainguard.schemas.workload import Frame, StackDump, ThreadStack
@@ -137,23 +137,35 @@ class StackCapturer:
         self.captures = 0
         self.errors = 0
 
-    def dump(self, pid: int) -> tuple[list[ThreadStack], str]:
-        """Threads of one process, or ([], why not)."""
+    def dump(self, pid: int, state: str = "") -> tuple[list[ThreadStack], str]:
+        """Threads of one process, or ([], why not).
+
+        A stopped process (state ``T``/``t``: SIGSTOP, a debugger) is read without suspending it
+        (``--nonblocking``): py-spy's suspend fails on it at once ("Failed to suspend process",
+        measured with py-spy 0.4.3), and its stacks cannot change while it is stopped anyway.
+        Without that, a SIGSTOPped rank -- the very suspect of a hang -- answered no stack and its
+        capture waited for the deadline."""
         try:
             cmd = [find_py_spy(self.cfg.py_spy), "dump", "--pid", str(pid), "--json"]
         except FileNotFoundError as exc:
             return [], str(exc)
         if self.cfg.native:
             cmd.append("--native")
-        for attempt in range(2):
+        if state in STOPPED_STATES:
+            cmd.append("--nonblocking")
+        failed = ""
+        for _attempt in range(2):
+            if "suspend" in failed and "--nonblocking" not in cmd:
+                cmd.append("--nonblocking")  # stopped between the process scan and the dump
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=self.cfg.timeout_s)
             except subprocess.TimeoutExpired:
                 return [], f"py-spy timed out after {self.cfg.timeout_s} s"
             # A sample can fail transiently (threads starting/exiting while py-spy reads them):
             # try once more while the process still runs.
-            if res.returncode == 0 or attempt or not LIVE.alive(pid):
+            if res.returncode == 0 or failed or not LIVE.alive(pid):
                 break
+            failed = res.stderr or res.stdout or "failed"
         if res.returncode != 0:
             return [], (res.stderr or res.stdout).strip()[-4000:] or f"py-spy exited {res.returncode}"
         try:
@@ -167,7 +179,7 @@ class StackCapturer:
             p for p in self.discover() if p.state not in DEAD_STATES and (p.rank >= 0 or self.cfg.unranked)
         ]
         with ThreadPoolExecutor(max_workers=self.cfg.parallel, thread_name_prefix="py-spy") as pool:
-            results = list(pool.map(lambda p: self.dump(p.pid), procs))
+            results = list(pool.map(lambda p: self.dump(p.pid, p.state), procs))
         dumps = []
         for p, (threads, error) in zip(procs, results, strict=True):
             if error:

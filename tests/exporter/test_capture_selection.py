@@ -32,7 +32,7 @@ class Recorded(StackCapturer):
         super().__init__(cfg, "n0", "j", lambda: PROCESSES, lambda _ev: None)
         self.dumped: list[int] = []
 
-    def dump(self, pid: int) -> tuple[list[ThreadStack], str]:
+    def dump(self, pid: int, state: str = "") -> tuple[list[ThreadStack], str]:
         self.dumped.append(pid)
         return [], ""
 
@@ -69,3 +69,36 @@ def test_more_rounds_of_a_capture_are_numbered_on_from_first_round() -> None:
     for bad in ({"first_round": -1}, {"first_round": 1.5}, {"first_round": "5"}):
         with pytest.raises(ValueError):
             first_round_of(bad, 100)
+
+
+def test_a_stopped_rank_is_dumped_without_suspending_it() -> None:
+    """A SIGSTOPped rank (the suspect of a hang) answers its stack: py-spy cannot suspend a stopped
+    process, so it is read with --nonblocking (real py-spy, a real stopped process)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trainguard.streams.exporter.stack_capture import find_py_spy
+
+    try:
+        find_py_spy(StacksConfig().py_spy)
+    except FileNotFoundError:
+        pytest.skip("py-spy is not installed (the node extra)")
+    code = "import time\ndef held_here():\n    time.sleep(120)\nheld_here()\n"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        cap = StackCapturer(StacksConfig(), "n0", "j", lambda: [], lambda _ev: None)
+        threads, error = cap.dump(proc.pid, "T")
+        assert error == ""
+        assert any(f.function == "held_here" for t in threads for f in t.frames)
+        # Stopped after the scan said it ran: the failed suspend is retried without suspending.
+        threads, error = cap.dump(proc.pid, "S")
+        assert error == "" and threads
+    finally:
+        proc.kill()
+        proc.wait()

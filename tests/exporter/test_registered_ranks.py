@@ -216,6 +216,22 @@ def test_the_exporters_sources_and_captures_share_one_registry(tmp_path: Path) -
         ex.stop()
 
 
+def test_a_registry_handed_over_empty_is_the_one_used(tmp_path: Path) -> None:
+    """The service hands its (still empty, so falsy) registry to the exporter and gives the same one
+    to its stack and Flight Recorder captures: the exporter must keep it, or the captures follow no
+    rank at all (measured: every capture of a SIGSTOPped rank's job waited for its deadline)."""
+    cfg = make_cfg(Path("/"), tmp_path, job="", process={"cmd_pattern": ""})
+    mine = RankRegistry(16, 60.0)
+    assert len(mine) == 0
+    ex = Exporter(cfg, lambda e: None, once=True, ranks=mine)
+    try:
+        process = ex.sources["process"]
+        assert isinstance(process, ProcessSource)
+        assert ex.ranks is mine and process.ctx.ranks is mine
+    finally:
+        ex.stop()
+
+
 # -- the registry, on a process table given by hand --------------------------------------------------
 
 

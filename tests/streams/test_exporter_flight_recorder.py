@@ -457,3 +457,19 @@ def test_a_real_nccl_timeout_dump_is_shipped(tmp_path: Path) -> None:
     last = ev.entries[-1]
     assert (last.seq, last.op, last.state, last.completed_ns) == (11, "nccl:all_reduce", "scheduled", 0)
     assert not (tdir / "rank_0").exists()
+
+
+def test_a_stopped_rank_is_answered_for_at_once(tmp_path: Path, sleepers: list[int]) -> None:
+    """A SIGSTOPped rank cannot write its dump: the capture says so at once instead of waiting
+    ``wait_s`` for it (the worker's capture waits for every rank's answer, the hang's eviction
+    with it)."""
+    fr = tmp_path / "fr"
+    register(fr, 0, sleepers[0])
+    stopped = TrackedProcess(sleepers[0], 1, 0, "python", "T", "python train.py", ProcessRole.MAIN, 0)
+    published = Published()
+    col = collector(fr, published, [stopped], wait_s=30.0)
+    t0 = time.monotonic()
+    col.request("cap-stop").join(40)
+    assert time.monotonic() - t0 < 5.0
+    (event,) = published
+    assert event.rank == 0 and event.pid == sleepers[0] and "stopped" in event.error
