@@ -23,6 +23,35 @@ class GpuState(StrEnum):
     NO_DRIVER = "no_driver"  # driver/library not loaded on a GPU node
 
 
+#: NVML's clocks-event (throttle) reason bits (nvml.h), in bit order, and the names
+#: ``GpuSample.throttle_reasons`` carries for them: part of the wire contract, so defined here,
+#: where the exporter's ``nvml`` source and ``trainguard diag``'s ``gpu-health`` both read them.
+THROTTLE_BITS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+
+def decode_throttle(mask: int) -> list[str]:
+    """Names of the set clocks-event reason bits (unknown bits as hex).
+
+    >>> decode_throttle(0x48), decode_throttle(0x1000)
+    (['hw_slowdown', 'hw_thermal_slowdown'], ['0x1000'])
+    """
+    names = [name for bit, name in THROTTLE_BITS if mask & bit]
+    rest = mask & ~sum(bit for bit, _ in THROTTLE_BITS)
+    if rest:
+        names.append(hex(rest))
+    return names
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One GPU at one instant (NVML)."""

@@ -16,7 +16,7 @@ import warnings
 from typing import Any
 
 from trainguard.schemas.base import Event, now_ms
-from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch, GpuState
+from trainguard.schemas.telemetry import GpuSample, GpuSampleBatch, GpuState, decode_throttle
 from trainguard.schemas.workload import LogLine
 from trainguard.streams.exporter.sources.base import SourceContext, register
 
@@ -30,35 +30,9 @@ ERROR_DRIVER_NOT_LOADED = 9
 ERROR_GPU_IS_LOST = 15
 ERROR_FUNCTION_NOT_FOUND = 13
 
-#: clocks-event (throttle) reason bits of nvml.h, in bit order.
-THROTTLE_BITS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-
 #: NVLink error counters summed into ``nvlink_errors`` (DL replay, recovery, CRC flit, CRC data).
 NVLINK_COUNTERS = (0, 1, 2, 3)
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
-
-
-def decode_throttle(mask: int) -> list[str]:
-    """Names of the set clocks-event reason bits (unknown bits as hex).
-
-    >>> decode_throttle(0x48), decode_throttle(0x1000)
-    (['hw_slowdown', 'hw_thermal_slowdown'], ['0x1000'])
-    """
-    names = [name for bit, name in THROTTLE_BITS if mask & bit]
-    rest = mask & ~sum(bit for bit, _ in THROTTLE_BITS)
-    if rest:
-        names.append(hex(rest))
-    return names
 
 
 def build_gpu_sample(index: int, raw: dict[str, Any]) -> GpuSample:
