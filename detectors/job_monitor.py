@@ -102,7 +102,7 @@ class JobMonitor:
             self.straggler.observe(e.rank, e.step_time_s, ts, step=e.step)
         findings: list[Finding] = []
         values = {k: v for k, v in (("loss", e.loss), ("grad_norm", e.grad_norm)) if v is not None}
-        for f in self.spike.observe(ts, values, step=e.step):
+        for f in self.spike.observe(ts, values, step=e.step, source=e.rank):
             findings.append(_with(f, ranks=(e.rank,), node=e.node))
         if e.mfu is not None and e.rank == 0 and (f2 := self.mfu.observe(ts, e.mfu)) is not None:
             findings.append(f2)

@@ -69,9 +69,39 @@ class SpikeDetector:
         self.job = job
         self._recent: dict[str, deque[float]] = {}
         self._streak: dict[str, int] = {}
+        #: the last step number seen from each source (a rank), as a string key (JSON state).
+        self._last_steps: dict[str, int] = {}
 
-    def observe(self, ts: float, values: Mapping[str, Any], step: int | None = None) -> list[Finding]:
-        """Feed one step's metrics (``{"loss": 2.3, "grad_norm": 1.1}``); return findings."""
+    def observe(
+        self, ts: float, values: Mapping[str, Any], step: int | None = None, source: object = None
+    ) -> list[Finding]:
+        """Feed one step's metrics (``{"loss": 2.3, "grad_norm": 1.1}``) of one ``source`` (a rank);
+        return findings.
+
+        A source's step number lower than its last one is a restart that resumed from an earlier
+        checkpoint: the job does those steps again, and their loss is the loss of that point of
+        the training, not a spike over the later steps' median.  The baselines start again there
+        (measured: a DDP job resumed from its snapshot two epochs back read as a 5x loss spike on
+        the healthy replacement node).  Ranks a step apart are not a restart: each is compared
+        with its own last step.
+
+        >>> d = SpikeDetector(SpikeConfig(warmup=3))
+        >>> [d.observe(float(i), {"loss": 1.0}, step=100 + i, source=0) for i in range(3)]
+        [[], [], []]
+        >>> d.observe(3.0, {"loss": 9.0}, step=40, source=0)  # resumed at step 40
+        []
+        """
+        if step is not None:
+            # getattr: a detector restored from a changelog written before this attribute.
+            last_steps = getattr(self, "_last_steps", None)
+            if last_steps is None:
+                last_steps = self._last_steps = {}
+            key = str(source)
+            if key in last_steps and step < last_steps[key]:
+                self._recent.clear()
+                self._streak.clear()
+                last_steps.clear()
+            last_steps[key] = step
         out = []
         for metric, raw in values.items():
             if isinstance(raw, bool) or not isinstance(raw, int | float):

@@ -113,3 +113,31 @@ def test_a_small_run_blames_the_culprits_node_alone(tmp_path: Path) -> None:
     hang = result["faults"][1]
     assert hang["evicted_nodes"] == [hang["culprit_node"]]  # the suspect's node, not the job
     assert result["ok"] is True and proc.returncode == 0
+
+
+def _resolves(cls: Any, path: list[str]) -> bool:
+    import dataclasses
+    import typing
+
+    for name in path:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if name not in fields:
+            return False
+        cls = typing.get_type_hints(cls)[name]
+    return True
+
+
+def test_every_setting_the_guide_names_exists() -> None:
+    """The guide's table of defaults names settings by path (``worker.decide.settle_s``): each is a
+    real field of the worker's or the action service's configuration."""
+    import re
+
+    from trainguard.actions.config import ActionsConfig
+    from trainguard.streams.config import WorkerConfig
+
+    roots = {"worker": WorkerConfig, "actions": ActionsConfig}
+    named = re.findall(r"`((?:worker|actions)\.[a-z_.]+)", GUIDE.read_text())
+    assert len(named) >= 4
+    for path in named:
+        root, *rest = path.split(".")
+        assert _resolves(roots[root], rest), path

@@ -258,3 +258,19 @@ def test_a_restart_that_recomputes_lost_steps_is_progress_not_a_hang() -> None:
         t += 0.4
         assert d.check(now=t, alive=alive) is None
     assert d.check(now=t + 6.5, alive=alive) is not None  # frozen afterwards: a stall
+
+
+def test_a_resumed_run_learns_its_loss_again_instead_of_calling_it_a_spike() -> None:
+    """Measured on bench/own_job.py: after a restart the DDP job resumed from its snapshot two
+    epochs back, its loss there was 5x the later steps' median, and the healthy replacement node
+    got a loss-spike diagnosis.  A rank whose step goes back starts the baseline again; ranks a
+    step apart (interleaved reports) do not."""
+    d = SpikeDetector(SpikeConfig(warmup=3))
+    for step in range(100, 110):
+        for rank in (0, 1):
+            assert d.observe(float(step), {"loss": 0.1}, step=step + rank % 2, source=rank) == []
+    assert d.observe(110.0, {"loss": 0.9}, step=60, source=0) == []  # resumed: no spike
+    for step in range(61, 64):
+        assert d.observe(float(step), {"loss": 0.9}, step=step, source=0) == []
+    (spike,) = d.observe(64.0, {"loss": 9.0}, step=64, source=0)  # a real jump is still one
+    assert spike.kind == "spike"
