@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trainguard.detectors.findings import SEVERITY_RANK, Finding
+from trainguard.detectors.findings import Finding
 from trainguard.detectors.rule_table import (
     RuleMatch,
     RuleTable,
@@ -567,8 +567,10 @@ def classify_exit(
     """Classify a finished process from its exit status and, if given, its traceback/log tail.
 
     A culprit in ``traceback_text`` (a user exception with its module, a CUDA/NCCL error) wins
-    over the bare exit status; without one, the ``exit`` rows decide (137/SIGKILL: OOM-kill
-    suspicion, 139 SIGSEGV, 134 SIGABRT, plain 1: no culprit -> diagnose).
+    over the bare exit status: the whole-log verdict of the text
+    (:func:`~trainguard.detectors.verdict.log_verdict`: its earliest root cause, tracebacks as
+    one unit, echoes such as watchdog timeouts yielding).  Without one, the ``exit`` rows decide
+    (137/SIGKILL: OOM-kill suspicion, 139 SIGSEGV, 134 SIGABRT, plain 1: no culprit -> diagnose).
 
     >>> tb = 'Traceback (most recent call last):\\n  File "/app/model.py", line 3, in f\\nKeyError: 3'
     >>> r = classify_exit(1, None, tb)
@@ -580,15 +582,10 @@ def classify_exit(
     tbl = table if table is not None else default_rule_table()
     status = exit_fields(exit_code, signal)
     if isinstance(traceback_text, str) and traceback_text.strip():
-        clf = LogClassifier(tbl, config)
-        results = [clf.feed(line) for line in traceback_text.splitlines()]
-        hits = [r for r in results if r.matched and r.action not in (Action.NONE, Action.IGNORE)]
-        final = [r for r in hits if "exception" in r.fields]
-        best = (
-            final[-1]
-            if final
-            else max(hits, key=lambda r: SEVERITY_RANK[r.severity or Severity.INFO], default=None)
-        )
+        from trainguard.detectors.verdict import log_verdict  # verdict builds on this module
+
+        verdict = log_verdict(traceback_text.splitlines(), table=tbl, config=config)
+        best = verdict.classification if verdict.action not in (Action.NONE, Action.IGNORE) else None
         if best is not None:
             return Classification(
                 line=best.line,

@@ -364,12 +364,15 @@ class RuleTable:
             for r in self.rules
             if r.source == "log" and not r.xid and not r.xid_fallback and not r.xid_chain
         ]
-        # Flat (rule, regex, anchor, any-of) list in priority order: one loop per line.
-        self._line_plan = [
+        # Flat (rule, regex, anchor, any-of) lists in priority order: one loop per line; the
+        # kernel-trace rows apart (tried only on a hung task's call trace).
+        plan = [
             (r, rx, anchor, alts)
             for r in self._line_rows
             for rx, (anchor, alts) in zip(self._compiled[r.id], self._anchors[r.id], strict=True)
         ]
+        self._line_plan = [p for p in plan if p[0].context != "kernel_trace"]
+        self._trace_plan = [p for p in plan if p[0].context == "kernel_trace"]
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -412,14 +415,12 @@ class RuleTable:
                     return RuleMatch(r, {**xid, **found})
             if self._xid_fallback is not None:
                 return self._catalog_match(self._xid_fallback, xid, xid["xid"])
-        for r, rx, anchor, alts in self._line_plan:
+        for r, rx, anchor, alts in self._trace_plan if in_kernel_trace else self._line_plan:
             if low is not None:
                 if anchor is not None and anchor not in low:
                     continue
                 if alts is not None and not any(a in low for a in alts):
                     continue
-            if (r.context == "kernel_trace") != in_kernel_trace:
-                continue
             if (r.context == "traceback" and not in_traceback) or (r.context == "import" and not in_import):
                 continue
             m = rx.search(line)

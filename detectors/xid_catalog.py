@@ -109,8 +109,9 @@ def _action(v: Any, where: str) -> Action:
 def _decision(raw: Any, where: str) -> tuple[Action, Severity]:
     if not isinstance(raw, dict) or set(raw) - {"action", "severity", "why"}:
         raise XidCatalogError(f"{where}: needs {{action, severity}}")
+    action = _action(raw.get("action"), where)
     try:
-        return _action(raw.get("action"), where), Severity(raw.get("severity"))
+        return action, Severity(str(raw.get("severity")))
     except ValueError:
         raise XidCatalogError(f"{where}: severity {raw.get('severity')!r} is not a severity") from None
 
