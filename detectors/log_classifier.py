@@ -9,7 +9,10 @@ itself does not keep:
 * **Python tracebacks** -- :meth:`LogClassifier.feed` follows ``Traceback (most recent call
   last):`` blocks line by line, separately per ``[rankN]:`` prefix so interleaved ranks do not
   mix, and classifies the final ``XxxError: msg`` line with the traceback's user module (the
-  last frame outside site-packages, the stdlib and torch).
+  last frame outside site-packages, the stdlib and torch) and whether it was raised while
+  importing a module (``import_time``: the ``import`` rows apply);
+* **kernel call traces** -- after a ``trace_follows`` row (a hung task) the next lines of the
+  same host are also tried against the ``kernel_trace`` rows (a frame in a shared filesystem).
 
 :func:`classify_exit` does the same for a process exit code / signal plus optional traceback.
 
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trainguard.detectors.findings import SEVERITY_RANK, Finding
+from trainguard.detectors.findings import Finding
 from trainguard.detectors.rule_table import (
     RuleMatch,
     RuleTable,
@@ -73,6 +76,8 @@ class ClassifierConfig:
     #: open tracebacks tracked at once (one per rank prefix); the oldest is dropped beyond it.
     max_streams: int = field(default=4096, metadata={"lo": 1, "hi": 10_000_000})
     max_window_keys: int = field(default=50_000, metadata={"lo": 1, "hi": 10_000_000})
+    #: lines after a ``trace_follows`` row that are tried against the ``kernel_trace`` rows.
+    kernel_trace_lines: int = field(default=64, metadata={"lo": 0, "hi": 10_000})
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,8 @@ class LogClassifier:
         self._open: OrderedDict[tuple[str | None, int | None], _OpenTraceback] = OrderedDict()
         self._stdlib = re.compile(self.config.stdlib_pattern)
         self._last_ts = 0.0
+        #: host -> lines left of the kernel call trace after a ``trace_follows`` row.
+        self._ktrace: OrderedDict[str | None, int] = OrderedDict()
 
     # ---- single inputs
 
@@ -305,7 +312,7 @@ class LogClassifier:
             return Classification(line=line, ts=ts)
         tb = self._open.get(stream)
         if tb is None:
-            return self.classify(line, ts=ts, host=host)
+            return self._plain(line, ts, host)
         if fm := _FRAME.match(content):
             if len(tb.frames) < self.config.max_frames:
                 tb.frames.append(Frame(fm.group("file"), int(fm.group("line")), fm.group("func") or "?"))
@@ -318,8 +325,26 @@ class LogClassifier:
             return Classification(line=line, ts=ts)
         del self._open[stream]
         if exc is None:  # the traceback was cut off; this is an ordinary line again
-            return self.classify(line, ts=ts, host=host)
+            return self._plain(line, ts, host)
         return self._exception(line, exc.group("exc"), tb.frames, rank, ts, host)
+
+    def _plain(self, line: str, ts: float | None, host: str | None) -> Classification:
+        """A line outside a Python traceback: the kernel-trace rows first where one is open."""
+        left = self._ktrace.pop(host, 0)
+        if left > 0:
+            m = self.table.match_line(line, in_kernel_trace=True)
+            if m is not None:  # the frame names the subsystem the task hung in: that is the finding
+                _, rank = split_prefix(line)
+                return self._decide(line, m, {"rank": rank} if rank is not None else {}, ts, host)
+            if left > 1:
+                self._ktrace[host] = left - 1
+        c = self.classify(line, ts=ts, host=host)
+        if c.rule is not None and self.table.get(c.rule).trace_follows and self.config.kernel_trace_lines:
+            self._ktrace[host] = self.config.kernel_trace_lines
+            self._ktrace.move_to_end(host)
+            while len(self._ktrace) > self.config.max_streams:
+                self._ktrace.popitem(last=False)
+        return c
 
     def _exception(
         self, line: str, exc: str, frames: list[Frame], rank: int | None, ts: float | None, host: str | None
@@ -330,11 +355,19 @@ class LogClassifier:
         user = self.user_frame(frames)
         if user is not None:
             fields.update(user_module=user.file, user_line=user.line, user_function=user.function)
-        m = self.table.match_line(line, in_traceback=True)
+        import_time = raised_at_import(frames, exc)
+        if import_time:
+            fields["import_time"] = True
+        m = self.table.match_line(line, in_traceback=True, in_import=import_time)
         if m is None:
             return Classification(line=line, fields=fields, ts=ts)
         out = self._decide(line, m, fields, ts, host)
-        if out.action is Action.ROLLBACK and user is None and self.config.require_user_frame:
+        if (
+            out.action is Action.ROLLBACK
+            and user is None
+            and self.config.require_user_frame
+            and m.rule.context != "import"
+        ):
             # No user frame to blame: a crash without a culprit (ByteRobust step 3), not step 2.
             return Classification(
                 line=line,
@@ -382,8 +415,9 @@ class LogClassifier:
             self._windows.put(tuple(k) if isinstance(k, list) else k, c)
 
     def flush(self) -> None:
-        """Forget open tracebacks (end of a stream, or a stream restarted)."""
+        """Forget open tracebacks and kernel traces (end of a stream, or a stream restarted)."""
         self._open.clear()
+        self._ktrace.clear()
 
     # ---- shared decision
 
@@ -413,11 +447,11 @@ class LogClassifier:
             key = (rule.id, host, *(_hashable(fields.get(k)) for k in rule.key))
             count = self._windows.observe(key, when, rule.window_s, rule.dedup_s)
             self._touched.add(host)
-        action, severity, escalated = rule.decide(count)
+        action, severity, escalated = m.decide(count)
         return Classification(
             line=line,
             action=action,
-            category=rule.category,
+            category=m.category or rule.category,
             severity=severity,
             rule=rule.id,
             fields=fields,
@@ -426,6 +460,34 @@ class LogClassifier:
             ts=ts if ts is not None else (when if line and parse_timestamp(line) is not None else None),
             source=source,
         )
+
+
+_IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
+
+
+def raised_at_import(frames: list[Frame], exception: str = "") -> bool:
+    """True if a traceback's frames show it was raised while a module was being imported.
+
+    A module's top-level code runs as ``<module>``: the script's own is the first such frame
+    (after ``runpy`` for ``python -m``), so a second one is an imported module's.  For
+    ``importlib.import_module`` and lazy imports, an ``importlib`` frame followed by a module's
+    top-level code says the same, and so does an ImportError raised under importlib.
+
+    >>> raised_at_import([Frame("train.py", 3, "<module>"),
+    ...                   Frame("/venv/site-packages/x/__init__.py", 9, "<module>")])
+    True
+    >>> raised_at_import([Frame("/usr/lib/python3.11/runpy.py", 198, "_run_module_as_main"),
+    ...                   Frame("train.py", 30, "<module>"), Frame("train.py", 12, "main")])
+    False
+    """
+    if sum(1 for f in frames if f.function == "<module>") >= 2:
+        return True
+    first = next((i for i, f in enumerate(frames) if "importlib" in f.file), None)
+    if first is None:
+        return False
+    return exception.rsplit(".", 1)[-1] in _IMPORT_ERRORS or any(
+        f.function == "<module>" for f in frames[first + 1 :]
+    )
 
 
 def _keyed_by_host(key: Any) -> bool:
@@ -505,8 +567,10 @@ def classify_exit(
     """Classify a finished process from its exit status and, if given, its traceback/log tail.
 
     A culprit in ``traceback_text`` (a user exception with its module, a CUDA/NCCL error) wins
-    over the bare exit status; without one, the ``exit`` rows decide (137/SIGKILL: OOM-kill
-    suspicion, 139 SIGSEGV, 134 SIGABRT, plain 1: no culprit -> diagnose).
+    over the bare exit status: the whole-log verdict of the text
+    (:func:`~trainguard.detectors.verdict.log_verdict`: its earliest root cause, tracebacks as
+    one unit, echoes such as watchdog timeouts yielding).  Without one, the ``exit`` rows decide
+    (137/SIGKILL: OOM-kill suspicion, 139 SIGSEGV, 134 SIGABRT, plain 1: no culprit -> diagnose).
 
     >>> tb = 'Traceback (most recent call last):\\n  File "/app/model.py", line 3, in f\\nKeyError: 3'
     >>> r = classify_exit(1, None, tb)
@@ -518,15 +582,10 @@ def classify_exit(
     tbl = table if table is not None else default_rule_table()
     status = exit_fields(exit_code, signal)
     if isinstance(traceback_text, str) and traceback_text.strip():
-        clf = LogClassifier(tbl, config)
-        results = [clf.feed(line) for line in traceback_text.splitlines()]
-        hits = [r for r in results if r.matched and r.action not in (Action.NONE, Action.IGNORE)]
-        final = [r for r in hits if "exception" in r.fields]
-        best = (
-            final[-1]
-            if final
-            else max(hits, key=lambda r: SEVERITY_RANK[r.severity or Severity.INFO], default=None)
-        )
+        from trainguard.detectors.verdict import log_verdict  # verdict builds on this module
+
+        verdict = log_verdict(traceback_text.splitlines(), table=tbl, config=config)
+        best = verdict.classification if verdict.action not in (Action.NONE, Action.IGNORE) else None
         if best is not None:
             return Classification(
                 line=best.line,

@@ -4,13 +4,21 @@ Operators change detection by editing ``detectors/rules/*.yaml`` (or pointing th
 another file), not code.  A row matches one of four kinds of input (``source``):
 
 * ``log``  -- one text line: an NVIDIA Xid code (``xid:``) and/or regular expressions
-  (``patterns:``, searched case-insensitively; named groups become extracted fields);
+  (``patterns:``, searched case-insensitively; named groups become extracted fields).  Xid
+  codes no row names, and Xid lines "caused by previous Xid N" (the ``xid_chain`` row, judged
+  by N), take their action from the Xid catalog (:mod:`~trainguard.detectors.xid_catalog`);
 * ``nvml`` -- one GPU's NVML sample (a dict), see :func:`nvml_fields`;
 * ``nic``  -- one network interface's state sample, see :func:`nic_fields`;
 * ``exit`` -- a process exit code / signal.
 
 Structured rows test fields with ``when:`` -- ``{field: {op: value}}`` (all must hold) or
 ``{any: [<when>, ...]}``; ops are ``eq ne gt ge lt le in not_in contains_any``.
+
+A log row's ``context`` limits where it applies: ``traceback`` -- the final exception line of a
+Python traceback; ``import`` -- that line when the traceback was raised while importing a module;
+``kernel_trace`` -- a line of the kernel call trace after a row marked ``trace_follows`` (a hung
+task).  ``secondary`` rows name lines that usually echo another fault (watchdog timeouts, a peer's
+closed connection, a launcher's exit summary): a whole-log verdict prefers any other cause.
 
 A row may carry a threshold (``count``, ``window_s``, ``dedup_s``, ``key``): below it the row
 recommends ``below_action`` (default ``ignore``), from the ``count``-th occurrence within the
@@ -36,12 +44,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from trainguard.detectors.xid_catalog import XidCatalog, default_xid_catalog
 from trainguard.schemas.enums import Action, Severity
 from trainguard.schemas.typecheck import SchemaError, bounds, from_mapping
 
 RULES_DIR = Path(__file__).with_name("rules")
 SOURCES = ("log", "nvml", "nic", "exit")
-CONTEXTS = ("any", "traceback")
+CONTEXTS = ("any", "traceback", "import", "kernel_trace")
 _OPS = ("eq", "ne", "gt", "ge", "lt", "le", "in", "not_in", "contains_any")
 #: actions a row may recommend; ``none`` is reserved for "no rule matched".
 ROW_ACTIONS = (Action.EVICT, Action.RESTART, Action.ROLLBACK, Action.DIAGNOSE, Action.IGNORE)
@@ -58,6 +67,8 @@ _XID_LOOSE = re.compile(
 )
 _XID_PID = re.compile(r"\bpid\s*=\s*'?(?P<pid>\d+)'?", re.IGNORECASE)
 _XID_NAME = re.compile(r"\bname\s*=\s*(?P<name>[^,]+?)\s*,", re.IGNORECASE)
+# NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149
+_XID_CAUSE = re.compile(r"\bcaused by (?:a )?previous xid\s*[:#]?\s*(?P<cause>\d{1,4})\b", re.IGNORECASE)
 
 
 class RuleTableError(ValueError):
@@ -78,10 +89,16 @@ class Rule:
     patterns: list[str] = field(default_factory=list)
     #: log rows: Xid codes this row covers (the line must be an Xid line with one of them).
     xid: list[int] = field(default_factory=list)
-    #: log rows: the catch-all for Xid codes no other row covers.
+    #: log rows: the catch-all for Xid codes no other row covers (catalog codes: the catalog decides).
     xid_fallback: bool = False
-    #: log rows: ``traceback`` rows only apply to the final exception line of a traceback.
+    #: log rows: the row for Xid lines "caused by previous Xid N", judged by N through the catalog.
+    xid_chain: bool = False
+    #: log rows: where the row applies (``any``, ``traceback``, ``import``, ``kernel_trace``).
     context: str = "any"
+    #: log rows: a kernel call trace follows the line (``kernel_trace`` rows look at its frames).
+    trace_follows: bool = False
+    #: whole-log verdicts: the line usually echoes another fault; any other cause wins over it.
+    secondary: bool = False
     #: structured rows: field conditions.
     when: dict[str, Any] = field(default_factory=dict)
     count: int = field(default=1, metadata=bounds(1, 1_000_000))
@@ -104,12 +121,14 @@ class Rule:
             if a is not None and a not in ROW_ACTIONS:
                 raise ValueError(f"action {a.value!r} is not allowed in a rule row")
         if self.source == "log":
-            if not (self.patterns or self.xid or self.xid_fallback):
-                raise ValueError("a log row needs patterns, xid codes or xid_fallback")
+            if not (self.patterns or self.xid or self.xid_fallback or self.xid_chain):
+                raise ValueError("a log row needs patterns, xid codes, xid_fallback or xid_chain")
+            if self.context != "any" and not self.patterns:
+                raise ValueError(f"a {self.context!r} row needs patterns")
             if self.when:
                 raise ValueError("'when' applies to nvml/nic/exit rows, not log rows")
         else:
-            if not self.when or self.patterns or self.xid or self.xid_fallback:
+            if not self.when or self.patterns or self.xid or self.xid_fallback or self.xid_chain:
                 raise ValueError(f"a {self.source} row needs 'when' (and no patterns/xid)")
             _check_when(self.when)
         if self.count > 1 and self.window_s is None:
@@ -142,10 +161,22 @@ class Rule:
 
 @dataclass(frozen=True)
 class RuleMatch:
-    """A row that matched, with the fields extracted from the input."""
+    """A row that matched, with the fields extracted from the input.
+
+    ``action``/``severity``/``category`` are set where the row defers to the Xid catalog (the
+    code's own or, for a chain, its cause's entry); otherwise the row's own apply."""
 
     rule: Rule
     fields: dict[str, Any]
+    action: Action | None = None
+    severity: Severity | None = None
+    category: str | None = None
+
+    def decide(self, count: int) -> tuple[Action, Severity, bool]:
+        """The row's :meth:`Rule.decide`, or the catalog's decision where it applies."""
+        if self.action is not None and self.severity is not None:
+            return self.action, self.severity, False
+        return self.rule.decide(count)
 
 
 def _check_when(when: Mapping[str, Any]) -> None:
@@ -214,6 +245,9 @@ def parse_xid(line: str) -> dict[str, Any] | None:
     >>> parse_xid("NVRM: Xid (PCI:0000:b1:00): 13, pid='<unknown>', name=<unknown>, Graphics SM "
     ...           "Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address")["xid"]
     13
+    >>> parse_xid("NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by "
+    ...           "previous Xid 149")["caused_by"]
+    149
     >>> parse_xid("kernel: eth0: link up") is None
     True
     """
@@ -229,6 +263,8 @@ def parse_xid(line: str) -> dict[str, Any] | None:
         out["pid"] = int(pm.group("pid"))
     if nm := _XID_NAME.search(rest):
         out["process"] = nm.group("name").strip("'\"")
+    if cm := _XID_CAUSE.search(rest):
+        out["caused_by"] = int(cm.group("cause"))
     out["message"] = rest.strip(" ,")
     return out
 
@@ -291,7 +327,9 @@ def _anchor(clauses: list[frozenset[str]]) -> tuple[str | None, frozenset[str] |
 class RuleTable:
     """Validated, ordered rows with compiled patterns; matching is pure (no counting here)."""
 
-    def __init__(self, rules: Sequence[Rule], *, prefilter: bool = True) -> None:
+    def __init__(
+        self, rules: Sequence[Rule], *, prefilter: bool = True, xid_catalog: XidCatalog | None = None
+    ) -> None:
         seen: set[str] = set()
         for r in rules:
             if r.id in seen:
@@ -299,6 +337,7 @@ class RuleTable:
             seen.add(r.id)
         order = sorted(range(len(rules)), key=lambda i: (rules[i].priority, i))
         self.rules: tuple[Rule, ...] = tuple(rules[i] for i in order)
+        self._by_id = {r.id: r for r in self.rules}
         self._compiled = {r.id: [re.compile(p, re.IGNORECASE) for p in r.patterns] for r in self.rules}
         # Substring prefilters: most lines match no rule, and a regex scan per pattern per line
         # dominates the cost; literal checks reject them first (ASCII lines only, where
@@ -313,22 +352,33 @@ class RuleTable:
                 for code in r.xid:
                     self._xid_rows.setdefault(code, []).append(r)
         self._xid_fallback = next((r for r in self.rules if r.xid_fallback), None)
-        self._line_rows = [r for r in self.rules if r.source == "log" and not r.xid and not r.xid_fallback]
-        # Flat (rule, regex, anchor, any-of) list in priority order: one loop per line.
-        self._line_plan = [
+        self._xid_chain = next((r for r in self.rules if r.xid_chain), None)
+        self.xid_catalog = xid_catalog if xid_catalog is not None else default_xid_catalog()
+        # A catalog decision is reported under the category of the row that names the code.
+        self._xid_category = {
+            code: next((r for r in rows if not r.patterns), rows[-1]).category
+            for code, rows in self._xid_rows.items()
+        }
+        self._line_rows = [
+            r
+            for r in self.rules
+            if r.source == "log" and not r.xid and not r.xid_fallback and not r.xid_chain
+        ]
+        # Flat (rule, regex, anchor, any-of) lists in priority order: one loop per line; the
+        # kernel-trace rows apart (tried only on a hung task's call trace).
+        plan = [
             (r, rx, anchor, alts)
             for r in self._line_rows
             for rx, (anchor, alts) in zip(self._compiled[r.id], self._anchors[r.id], strict=True)
         ]
+        self._line_plan = [p for p in plan if p[0].context != "kernel_trace"]
+        self._trace_plan = [p for p in plan if p[0].context == "kernel_trace"]
 
     def __len__(self) -> int:
         return len(self.rules)
 
     def get(self, rule_id: str) -> Rule:
-        for r in self.rules:
-            if r.id == rule_id:
-                return r
-        raise KeyError(rule_id)
+        return self._by_id[rule_id]
 
     def for_source(self, source: str) -> list[Rule]:
         return [r for r in self.rules if r.source == source]
@@ -345,29 +395,46 @@ class RuleTable:
                 return {k: _coerce(v) for k, v in m.groupdict().items() if v is not None}
         return None
 
-    def match_line(self, line: str, *, in_traceback: bool = False) -> RuleMatch | None:
-        """The first row matching one log line (``in_traceback``: it ends a traceback)."""
+    def match_line(
+        self, line: str, *, in_traceback: bool = False, in_import: bool = False, in_kernel_trace: bool = False
+    ) -> RuleMatch | None:
+        """The first row matching one log line.
+
+        ``in_traceback``: the line ends a Python traceback; ``in_import``: that traceback was
+        raised while importing a module; ``in_kernel_trace``: the line is part of the kernel call
+        trace after a ``trace_follows`` row (only ``kernel_trace`` rows are tried then).
+        """
         low = line.lower() if line.isascii() else None
-        xid = parse_xid(line)
+        xid = None if in_kernel_trace else parse_xid(line)
         if xid is not None:
+            if "caused_by" in xid and self._xid_chain is not None:
+                return self._catalog_match(self._xid_chain, xid, xid["caused_by"])
             for r in self._xid_rows.get(xid["xid"], []):
                 found = self._search(r, line, low) if r.patterns else {}
                 if found is not None:
                     return RuleMatch(r, {**xid, **found})
             if self._xid_fallback is not None:
-                return RuleMatch(self._xid_fallback, xid)
-        for r, rx, anchor, alts in self._line_plan:
+                return self._catalog_match(self._xid_fallback, xid, xid["xid"])
+        for r, rx, anchor, alts in self._trace_plan if in_kernel_trace else self._line_plan:
             if low is not None:
                 if anchor is not None and anchor not in low:
                     continue
                 if alts is not None and not any(a in low for a in alts):
                     continue
-            if r.context == "traceback" and not in_traceback:
+            if (r.context == "traceback" and not in_traceback) or (r.context == "import" and not in_import):
                 continue
             m = rx.search(line)
             if m:
                 return RuleMatch(r, {k: _coerce(v) for k, v in m.groupdict().items() if v is not None})
         return None
+
+    def _catalog_match(self, rule: Rule, xid: dict[str, Any], code: int) -> RuleMatch:
+        """``rule`` matched with the catalog's decision for ``code`` (the row's own if unlisted)."""
+        decided = self.xid_catalog.decide(code)
+        if decided is None:
+            return RuleMatch(rule, xid)
+        fields = {**xid, "catalog_xid": code, "catalog_bucket": self.xid_catalog.entry(code).bucket}
+        return RuleMatch(rule, fields, *decided, category=self._xid_category.get(code, rule.category))
 
     def match_structured(self, source: str, fields: Mapping[str, Any]) -> list[RuleMatch]:
         """Every ``source`` row whose ``when`` holds on ``fields``."""

@@ -31,11 +31,20 @@ THRESHOLDED = [r for r in ROWS if r.thresholded]
 ALL_XID_CODES = [(r.id, code) for r in ROWS for code in r.xid if not r.patterns]
 
 
+def _where(rule: Rule) -> dict[str, bool]:
+    """The match_line flags under which a row of ``rule.context`` applies."""
+    return {
+        "in_traceback": rule.context in ("traceback", "import"),
+        "in_import": rule.context == "import",
+        "in_kernel_trace": rule.context == "kernel_trace",
+    }
+
+
 def _matched_rule(rule: Rule, example: object) -> str | None:
     """The row id the classifier picks for ``example`` (the row under test, if it appears)."""
     if rule.source == "log":
         assert isinstance(example, str)
-        m = TABLE.match_line(example, in_traceback=rule.context == "traceback")
+        m = TABLE.match_line(example, **_where(rule))
         return m.rule.id if m else None
     assert isinstance(example, dict)
     if rule.source == "nvml":
@@ -80,7 +89,7 @@ def test_log_examples_survive_prefixes_and_case(wrap: Callable[[str], str]) -> N
     for rule_id, _, ex in LOG_EXAMPLES:
         rule = TABLE.get(rule_id)
         line = wrap(ex)
-        m = TABLE.match_line(line, in_traceback=rule.context == "traceback")
+        m = TABLE.match_line(line, **_where(rule))
         if m is None or m.rule.id != rule_id:
             misses.append((rule_id, line, m.rule.id if m else None))
     assert not misses
@@ -324,9 +333,13 @@ def test_literal_prefilter_never_changes_a_result() -> None:
     for _ in range(300):  # spliced fragments of real rows
         a, b = rng.choice(lines), rng.choice(lines)
         lines.append(a[: rng.randrange(len(a) + 1)] + b[rng.randrange(len(b) + 1) :])
+    flags = [
+        {"in_traceback": tb, "in_import": imp} for tb, imp in ((False, False), (True, False), (True, True))
+    ]
+    flags.append({"in_kernel_trace": True})
     for line in lines:
-        for tb in (False, True):
-            fast, slow = TABLE.match_line(line, in_traceback=tb), plain.match_line(line, in_traceback=tb)
+        for f in flags:
+            fast, slow = TABLE.match_line(line, **f), plain.match_line(line, **f)
             assert (fast and (fast.rule.id, fast.fields)) == (slow and (slow.rule.id, slow.fields)), line
 
 

@@ -78,8 +78,13 @@ def shipped(text: str, table: RuleTable) -> bool:
     False
     """
     # Not the traceback rows: they judge a Python traceback's last line (one is a catch-all for
-    # any exception), which a kernel log never holds.
-    return classify_kernel_line(text) is not None or table.match_line(text) is not None
+    # any exception), which a kernel log never holds.  The kernel_trace rows (a call-trace frame
+    # in a shared filesystem) are shipped too: the worker reads them after a hung task's line.
+    return (
+        classify_kernel_line(text) is not None
+        or table.match_line(text) is not None
+        or table.match_line(text, in_kernel_trace=True) is not None
+    )
 
 
 def classify_kernel_line(text: str) -> str | None:
