@@ -7,7 +7,7 @@ group: the first kind in the preference order with one group holding every suspe
 does, the group holding the most suspects (ties: the earlier kind, then the lower ranks).
 
 A group is only worth evicting while it is a small part of the job.  :func:`choose_eviction`
-applies the rule of ``docs/over-eviction.md``:
+applies the rule of ``docs/design/over-eviction.md``:
 
 * the group spans every machine of the job (pure DDP: its one DP group; a pipeline laid over
   every machine; any group of a 1- or 2-machine job), or more than ``max_group_share`` of them:

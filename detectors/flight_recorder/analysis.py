@@ -60,7 +60,7 @@ class FlightRecorderConfig:
     #: holding every suspect wins.  PP first: ByteRobust's production unit.
     evict_preference: tuple[str, ...] = ("pp", "tp", "dp")
     #: As the stack analysis: a group spanning more than this share of the job's machines (or all
-    #: of them) is not evicted, only the suspects' own machines (``docs/over-eviction.md``).
+    #: of them) is not evicted, only the suspects' own machines (``docs/design/over-eviction.md``).
     max_group_share: float = field(default=0.5, metadata=bounds(0.0, 1.0))
     #: A rank with no dump is a candidate suspect (its process is gone or frozen).
     undumped_ranks_are_suspects: bool = True

@@ -51,7 +51,7 @@ class OverEvictionConfig:
     #: PP first follows ByteRobust's production unit (whole pipelines, §9).
     evict_preference: tuple[str, ...] = ("pp", "tp", "dp")
     #: A group spanning more than this share of the job's machines (or all of them: pure DDP's
-    #: DP group) is not evicted: only the suspects' own machines are (``docs/over-eviction.md``).
+    #: DP group) is not evicted: only the suspects' own machines are (``docs/design/over-eviction.md``).
     max_group_share: float = field(default=0.5, metadata=bounds(0.0, 1.0))
     #: A rank with no main-process dump is a candidate root (its process died or hangs so hard
     #: py-spy cannot attach).  False: it is ignored and nothing waiting on it is explained.

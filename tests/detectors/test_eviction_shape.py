@@ -1,5 +1,5 @@
 """Over-eviction fitted to the job's shape (issue 36: a one-rank hang in a 5-node plain DDP job
-evicted all 5 nodes): the table of docs/over-eviction.md row by row, the share threshold, and the
+evicted all 5 nodes): the table of docs/design/over-eviction.md row by row, the share threshold, and the
 verdicts through the stack analysis, the Flight Recorder and a capture to the decision."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from trainguard.schemas.enums import Action, ProcessRole, Verdict
 from trainguard.schemas.topology import JobTopology
 from trainguard.schemas.workload import Frame, ProcessInfo, StackDump, ThreadStack
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "over-eviction.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "design" / "over-eviction.md"
 PREF = ("pp", "tp", "dp")
 SHARE = OverEvictionConfig().max_group_share
 

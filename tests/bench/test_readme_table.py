@@ -1,0 +1,65 @@
+"""bench/readme_table.py turns a bench's JSON into the rows of bench/README.md: the demo's three
+runs at a2fa370, written as demo_runs.py writes runs.json, come back as the page's rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.readme_table import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(wall_min: float, rec: int, ettr: float, base: float, low: float, det: tuple, recov: tuple) -> dict:
+    return {
+        "wall_s": wall_min * 60, "recovered": rec, "injected": 12, "ettr": ettr, "baseline_ettr": base,
+        "sliding_ettr_min": low, "detect_p50_s": det[0], "detect_p90_s": det[1],
+        "recover_p50_s": recov[0], "recover_p90_s": recov[1], "not_recovered": [], "exit": 1,
+    }  # fmt: skip
+
+
+def test_demo_runs_rows_are_the_pages_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [
+        _run(12.8, 11, 0.934, 0.312, 0.860, (0.6, 2.1), (8.1, 15.0)),
+        _run(13.9, 10, 0.839, 0.368, 0.764, (1.0, 5.9), (9.8, 33.3)),
+        _run(13.4, 11, 0.925, 0.362, 0.841, (1.2, 5.3), (9.4, 22.1)),
+    ]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs, indent=2))
+    assert main(["demo_runs", str(path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("| run | wall | recovered | ETTR |")
+    page = (REPO / "bench" / "README.md").read_text().splitlines()
+    for row in printed[2:]:
+        assert row in page, row  # the current table on the page, row for row
+
+
+def test_a_failed_run_and_the_rows_only_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([None]))
+    assert main(["--rows-only", "demo_runs", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == "| 1 | failed | - | - | - | - | - | - |"
+
+
+def test_chaos_and_stream_load_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chaos = {"scenarios": [{"name": "evict_storm", "passed": True, "produced": 72, "lost": 0,
+                            "duplicated": 0, "accepted_forged": None, "decisions_expected": 72,
+                            "decisions_made": 72, "decisions_acted": 32}]}  # fmt: skip
+    (tmp_path / "chaos.json").write_text(json.dumps(chaos))
+    assert main(["--rows-only", "chaos", str(tmp_path / "chaos.json")]) == 0
+    assert capsys.readouterr().out.strip() == "| evict_storm | yes | 72 | 0 | 0 | - | 72 / 72 / 32 |"
+
+    level = {"machines": 2400, "workers": 1, "msgs_per_s": 2960.0, "keeps_up": 1.0, "final_lag": 0,
+             "xid_p50_s": 0.08, "xid_p99_s": 0.23, "worker_cpu_ms_per_1k": 193.2,
+             "worker_cpu_ms_per_1k_processed": 225.4, "worker_core_util_pct": 54.1,
+             "sink_cpu_ms_per_1k": 82.0}  # fmt: skip
+    # As stream_load.py --json prints it: the object on the last line.
+    (tmp_path / "load.json").write_text("progress\n" + json.dumps({"sink_process": True, "levels": [level]}))
+    assert main(["--rows-only", "stream_load", str(tmp_path / "load.json")]) == 0
+    assert (
+        capsys.readouterr().out.strip()
+        == "| 2,400 | 1 | 2,960 | yes | 0.08 / 0.23 s | 193 (225) | 54 % | 82 |"
+    )
