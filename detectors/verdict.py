@@ -7,6 +7,9 @@ order through the traceback-aware :class:`~trainguard.detectors.log_classifier.L
 (a Python traceback is one unit, judged on its final exception with its frames) and picks:
 
 1. the earliest *cause* -- a line of a row that is not ``secondary`` and recommends acting;
+   -- or, when an alert of the same category that its row tolerated (below the row's threshold)
+   came before it, that alert, at its row's full action (an NFS server not responding, then a
+   task hung in NFS);
 2. else an alert its row tolerated once (below the row's threshold: a NIC flap, an SXid) that
    the log's later consequences show mattered -- at the row's full action;
 3. else the earliest ``secondary`` line (a hang with nothing behind it is still a hang);
@@ -148,7 +151,17 @@ def _choose(events: list[_Event]) -> tuple[_Event | None, str]:
     acting = [e for e in events if e.c.action not in _QUIET]
     causes = [e for e in acting if not e.rule.secondary]
     if causes:
-        return causes[0], "cause"
+        # A tolerated alert of the same category just before the cause started it (an NFS
+        # server not responding, then a task hung in NFS): the earliest line of the fault wins.
+        first = causes[0]
+        earlier = [
+            e
+            for e in events
+            if _tolerated(e) and e.line_no < first.line_no and e.c.category == first.c.category
+        ]
+        if earlier:
+            return earlier[0], "tolerated"
+        return first, "cause"
     secondary = [e for e in acting if e.rule.secondary]
     if secondary:
         last = secondary[-1].line_no

@@ -17,3 +17,13 @@ def test_the_page_lists_every_rule_id_once() -> None:
                 for r in yaml.safe_load(f.read_text())["rules"]]  # fmt: skip
     on_page = re.findall(r"^\| `([\w.-]+)` \|", DOC.read_text(), flags=re.MULTILINE)
     assert sorted(on_page) == sorted(in_files)
+
+
+def test_the_page_is_what_the_script_makes() -> None:
+    """``scripts/rule_table_doc.py`` regenerates the rows section; the page is its output."""
+    import subprocess
+    import sys
+
+    script = REPO / "scripts" / "rule_table_doc.py"
+    res = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, timeout=60)
+    assert res.returncode == 0, "run scripts/rule_table_doc.py to bring the page up to date"
