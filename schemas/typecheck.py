@@ -91,6 +91,11 @@ def show(value: Any) -> str:
 
 
 def _check_text(value: str, meta: Mapping[str, Any], path: str, what: str = "string") -> None:
+    rule: NameRule | None = meta.get("name")
+    if rule is not None:  # its own words: "name of 300 characters exceeds 128", "name '..' starts with"
+        why = rule.problem(value)
+        if why is not None:
+            raise SchemaError(path, why if what == "string" else f"{what}: {why}")
     max_len = meta.get("max_len")
     if max_len is not None and len(value) > max_len:
         raise SchemaError(path, f"{what} of {len(value)} characters exceeds {max_len}")
@@ -99,11 +104,6 @@ def _check_text(value: str, meta: Mapping[str, Any], path: str, what: str = "str
         raise SchemaError(
             path, f"{what} holds a lone surrogate U+{ord(bad[0]):04X} at character {bad.start()}"
         )
-    rule: NameRule | None = meta.get("name")
-    if rule is not None:
-        why = rule.problem(value)
-        if why is not None:
-            raise SchemaError(path, why if what == "string" else f"{what}: {why}")
 
 
 def _check_size(
