@@ -39,13 +39,29 @@ and count (``--small``: the sizes in brackets, for the tests).
    per hour) and holds the rest for an operator (a job may be held by the restart budget first:
    every eviction restarts it, 6 restarts an hour by default).  Every decision is made, no
    recovery fails, each job's queue waits behind its held recovery.
+8. ``hostile_tenant`` -- a tenant links ``fr/dumps``, ``fr/requests`` and ``fr/timeout/bad`` of the
+   node exporter's Flight Recorder directory to its own old files, hard-links a file as a dump, and
+   leaves a 57 KB memo bomb (300x) and a 512 [256] KiB set bomb in ``fr/timeout``; then the broker
+   is stopped for 20 [8] s while the node's kernel logs an Xid and the tenant floods the reporter
+   socket with 20,000 [5,000] lines (one in 50 claiming to be the kernel's) into a 512 [128] KiB
+   spool.  Nothing outside ``fr/`` touched, the bombs refused, the exporter alive throughout, the
+   Xid delivered once the broker is back, 0 forged kernel lines delivered.
+9. ``name_injection`` -- job specs, decisions, detections, log lines and steps (10 [2] rounds of 11
+   names, signed where the topic is) whose job or node names hold ``/``, ``..``, blanks, a leading
+   ``-`` or ``.``, or 300 characters, aimed at another job: every one dead-lettered at decode
+   naming the field, nothing acted on (no recovery, the other job's spec kept), no file named
+   after one anywhere, a genuine decision afterwards acted on; the Slurm executor refuses every
+   name as a path and the Kubernetes job labels of names an old label merged stay apart.
 
 Columns: ``produced``/``stored``/``lost``/``duplicated`` count each scenario's unit -- (1) log lines
 plus heartbeat sequence numbers, (2) training steps, (3) machines with an Xid vs decision rows,
 (4) decision records sent (redeliveries included) vs recoveries recorded, (5) fuzzed records vs
 those dead-lettered, (6) forged records sent (``accepted_forged``: effects seen), (7) eviction
-decisions vs recoveries recorded; ``decisions e/m/a``: expected / made / acted on (accepted by a
-paused service in 3, completed in 4, 5 and 6, succeeded evictions in 7).
+decisions vs recoveries recorded, (8) the node's kernel lines written during the outage vs
+delivered (``accepted_forged``: the tenant's lines delivered as the kernel's), (9) records with
+hostile names vs dead-lettered naming the field (``accepted_forged``: anything acted on);
+``decisions e/m/a``: expected / made / acted on (accepted by a paused service in 3, completed in
+4, 5, 6 and 9, succeeded evictions in 7).
 
 Prints a table (``--json``: exactly one JSON object on stdout, ``{"scenarios": [{"name", "passed",
 "produced", "stored", "lost", "duplicated", "accepted_forged", "notes", ...}]}``, the table on
@@ -80,6 +96,7 @@ from chaos_scenarios import (
     evict_storm,
     worker_kill,
 )
+from chaos_tenant import hostile_tenant, name_injection
 
 from trainguard.infra.progress import Progress
 
@@ -92,6 +109,8 @@ SCENARIOS: dict[str, Scenario] = {
     "fuzz_flood": fuzz_flood,
     "forged_control": forged_control,
     "evict_storm": evict_storm,
+    "hostile_tenant": hostile_tenant,
+    "name_injection": name_injection,
 }
 
 

@@ -76,6 +76,14 @@ class Size:
     storm_machines: int
     cap_per_job: int
     cap_total: int
+    # hostile_tenant: log lines flooded during the broker outage, the exporter's spool bound,
+    # the set bomb's size, how long the broker stays down
+    tenant_flood_lines: int
+    tenant_spool_kib: int
+    tenant_set_bomb_kib: int
+    tenant_outage_s: float
+    # name_injection: rounds of every hostile name in every record type
+    injected_rounds: int
 
 
 FULL = Size(
@@ -97,8 +105,37 @@ FULL = Size(
     12,
     8,
     32,
+    20_000,
+    512,
+    512,
+    20,
+    10,
 )
-SMALL = Size("small", 2, 10, 6, 6, 6, 15, 40, 2, 60, 20, ("swap_standbys",), 500, 100, 4, 6, 4, 10)
+SMALL = Size(
+    "small",
+    2,
+    10,
+    6,
+    6,
+    6,
+    15,
+    40,
+    2,
+    60,
+    20,
+    ("swap_standbys",),
+    500,
+    100,
+    4,
+    6,
+    4,
+    10,
+    5_000,
+    128,
+    256,
+    8,
+    2,
+)
 
 
 @dataclass

@@ -8,7 +8,8 @@ event's ``TYPE``) and ``version``.  Non-finite floats are written as the JSON ex
 -- never anything else -- whose ``reason`` is short, printable and precise enough for a
 dead-letter record: not bytes, too large, not UTF-8, not JSON (integers of more than 4300 digits
 included), nested too deeply, unknown schema, unknown version, wrong type for this topic, or the
-first field that failed validation (with its path).  An event that decodes also encodes again
+first field that failed validation (with its path; a job or node name that is no name, see
+``trainguard.schemas.names``, too).  An event that decodes also encodes again
 (no lone surrogates), and its values fit the ClickHouse columns they are stored in (every field's
 ``bounds``; see ``trainguard.schemas.limits``).
 
@@ -20,10 +21,14 @@ nan
 Traceback (most recent call last):
 ...
 trainguard.schemas.codec.DecodeError: training_step.rank: -3 is below the minimum 0
->>> decode(b'{"schema": "decision", "version": 1, "decision_id": "d", "ts_ms": 1, "job": "\\\\ud800"}')
+>>> decode(b'{"schema": "decision", "version": 1, "decision_id": "\\\\ud800", "ts_ms": 1, "job": "j"}')
 Traceback (most recent call last):
 ...
-trainguard.schemas.codec.DecodeError: decision.job: string holds a lone surrogate U+D800 at character 0
+trainguard.schemas.codec.DecodeError: decision.decision_id: string holds a lone surrogate U+D800 at ...
+>>> decode(b'{"schema": "decision", "version": 1, "decision_id": "d", "ts_ms": 1, "job": "../x"}')
+Traceback (most recent call last):
+...
+trainguard.schemas.codec.DecodeError: decision.job: name '../x' holds '/' at character 2 (allowed: ...)
 """
 
 from __future__ import annotations

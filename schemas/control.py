@@ -15,7 +15,18 @@ from typing import Any
 
 from trainguard.schemas.base import Event, register
 from trainguard.schemas.enums import Action, Severity
-from trainguard.schemas.limits import ID, JSON, NAME, NAMES, RANKS, TEXT, TS_MS
+from trainguard.schemas.limits import (
+    ID,
+    JOB,
+    JOB_OR_NONE,
+    JSON,
+    NAME,
+    NODE_OR_NONE,
+    NODES,
+    RANKS,
+    TEXT,
+    TS_MS,
+)
 from trainguard.schemas.network import MachinePosition
 from trainguard.schemas.topology import JobTopology
 from trainguard.schemas.typecheck import bounds
@@ -44,12 +55,12 @@ class Detection(Event):
     TYPE = "detection"
     detection_id: str = field(metadata=ID)
     ts_ms: int = field(metadata=TS_MS)
-    job: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
     kind: str = field(metadata=NAME)  # rule id or detector name (xid_79, nan_loss, straggler...)
     category: str = field(metadata=NAME)  # cuda_error, nic, hang, fail_slow, user_code, ...
     severity: Severity = Severity.WARNING
     action: Action = Action.NONE  # the recommendation; the decide step makes the decision
-    node: str = field(default="", metadata=NAME)
+    node: str = field(default="", metadata=NODE_OR_NONE)
     ranks: list[int] = field(default_factory=list, metadata=RANKS)
     score: float | None = field(default=None, metadata=bounds(allow_nan=False))
     message: str = field(default="", metadata=TEXT)
@@ -62,7 +73,7 @@ class Detection(Event):
 class Targets:
     """What a decision acts on: machines (node names), ranks, and the parallel group if any."""
 
-    machines: list[str] = field(default_factory=list, metadata=NAMES)
+    machines: list[str] = field(default_factory=list, metadata=NODES)
     ranks: list[int] = field(default_factory=list, metadata=RANKS)
     group_kind: str = field(default="", metadata=NAME)  # tp / pp / dp / machine / job
 
@@ -80,7 +91,7 @@ class Decision(Event):
     TYPE = "decision"
     decision_id: str = field(metadata=ID)
     ts_ms: int = field(metadata=TS_MS)
-    job: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
     action: Action
     targets: Targets = field(default_factory=Targets)
     reason: str = field(default="", metadata=TEXT)
@@ -106,7 +117,7 @@ class ActionEvent(Event):
     event_id: str = field(metadata=ID)
     decision_id: str = field(metadata=ID)
     ts_ms: int = field(metadata=TS_MS)
-    job: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
     step: str = field(metadata=NAME)  # stop / evict / swap_standby / restart / rollback / diagnose ...
     phase: ActionPhase
     action: Action = Action.NONE
@@ -130,8 +141,8 @@ class Command(Event):
     command_id: str = field(metadata=ID)
     ts_ms: int = field(metadata=TS_MS)
     kind: CommandKind
-    node: str = field(default="", metadata=NAME)  # "" = every node that reads the topic
-    job: str = field(default="", metadata=NAME)
+    node: str = field(default="", metadata=NODE_OR_NONE)  # "" = every node that reads the topic
+    job: str = field(default="", metadata=JOB_OR_NONE)
     args: dict[str, Any] = field(default_factory=dict, metadata=JSON)
 
 
@@ -168,12 +179,12 @@ class JobSpec(Event):
     TYPE = "job_spec"
     VERSION = 2
     UPGRADES = {1: dict}  # v1 -> v2: the fields are the same, ``positions`` takes its default
-    job: str = field(metadata=NAME)
+    job: str = field(metadata=JOB)
     ts_ms: int = field(metadata=TS_MS)
     topology: JobTopology
-    standbys: list[str] = field(default_factory=list, metadata=NAMES)
+    standbys: list[str] = field(default_factory=list, metadata=NODES)
     #: stall threshold etc. overrides for this job (detector config keys -> values).
     overrides: dict[str, Any] = field(default_factory=dict, metadata=JSON)
     #: machine name -> its network position, for the job's machines and its standbys (may hold
     #: more machines, or fewer: a machine without one is placed as if alone in its pod).
-    positions: dict[str, MachinePosition] = field(default_factory=dict, metadata=NAMES)
+    positions: dict[str, MachinePosition] = field(default_factory=dict, metadata=NODES)

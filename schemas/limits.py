@@ -13,12 +13,15 @@ column against its field's range).  The ranges are generous for real clusters; t
   failing an insert or a conversion later.
 * **Ranks**: 0 .. 10,000,000 (``-1`` where a field says "no rank"), stored as ``Int32``/``UInt32``.
 * **Counters** (bytes, errors, sequence numbers): the ``UInt64`` range.
-* **Names** (nodes, jobs, kinds, sources): 256 characters; ids 128; free text 64 Ki characters.
+* **Names** (kinds, sources): 256 characters; ids 128; free text 64 Ki characters.  Job and
+  node names are names in the strict sense of ``trainguard.schemas.names`` (``[A-Za-z0-9._-]``,
+  no leading ``.`` or ``-``; 128 and 253 characters): they become paths, labels and arguments.
 * **Lists**: every rank of the largest job (1 Mi) for ranks and machines; per-field elsewhere.
 """
 
 from __future__ import annotations
 
+from trainguard.schemas import names
 from trainguard.schemas.typecheck import bounds
 
 #: 2100-01-01T00:00:00Z in epoch milliseconds: the latest accepted instant.
@@ -40,8 +43,16 @@ RANK_OR_NONE = bounds(-1, MAX_RANK)
 PID = bounds(0, 2**31 - 1)
 #: a list of ranks (``Array(Int32)``): each a rank.
 RANKS = bounds(0, MAX_RANK, max_items=MAX_RANKS_LISTED)
-#: a list of node names.
+#: a list of names that are not job or node names.
 NAMES = bounds(max_len=256, max_items=MAX_RANKS_LISTED)
+#: a job name: where it must name one (a job spec's) ...
+JOB = bounds(max_len=names.JOB_NAME_MAX, name=names.JOB)
+#: ... and where "" says "no job" (a kernel log line of an idle node).
+JOB_OR_NONE = bounds(max_len=names.JOB_NAME_MAX, name=names.JOB_OR_NONE)
+#: a node name, or "" where a field may name no node (filled in by the exporter that takes it).
+NODE_OR_NONE = bounds(max_len=names.NODE_NAME_MAX, name=names.NODE_OR_NONE)
+#: a list of node names (a job's machines, its standbys, a decision's targets): each one there.
+NODES = bounds(max_len=names.NODE_NAME_MAX, max_items=MAX_RANKS_LISTED, name=names.NODE)
 #: a free-form JSON mapping (evidence, command args, overrides): its strings may quote a whole
 #: log line or traceback line, its lists every rank of a job.
 JSON = bounds(max_len=1_048_576, max_items=MAX_RANKS_LISTED)

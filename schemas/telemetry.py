@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from trainguard.schemas.base import Event, register
-from trainguard.schemas.limits import NAME, TS_MS, U64
+from trainguard.schemas.limits import JOB_OR_NONE, NAME, NODE_OR_NONE, TS_MS, U64
 from trainguard.schemas.typecheck import bounds
 
 
@@ -90,10 +90,10 @@ class GpuSampleBatch(Event):
     """All GPUs of one node sampled together (exporter ``nvml`` source)."""
 
     TYPE = "gpu_batch"
-    node: str = field(metadata=NAME)
+    node: str = field(metadata=NODE_OR_NONE)
     ts_ms: int = field(metadata=TS_MS)
     gpus: list[GpuSample] = field(default_factory=list, metadata=bounds(max_items=1024))
-    job: str = field(default="", metadata=NAME)
+    job: str = field(default="", metadata=JOB_OR_NONE)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class HostSample(Event):
     """CPU, memory, disks and processes of one node (exporter ``host`` source)."""
 
     TYPE = "host"
-    node: str = field(metadata=NAME)
+    node: str = field(metadata=NODE_OR_NONE)
     ts_ms: int = field(metadata=TS_MS)
     cpu_util_pct: float = field(metadata=bounds(0, 100))
     load1: float = field(metadata=bounds(0, 1e6))
@@ -121,7 +121,7 @@ class HostSample(Event):
     swap_used_bytes: int = field(default=0, metadata=U64)
     process_count: int = field(default=0, metadata=bounds(0, 10_000_000))
     disks: list[DiskUsage] = field(default_factory=list, metadata=bounds(max_items=10_000))
-    job: str = field(default="", metadata=NAME)
+    job: str = field(default="", metadata=JOB_OR_NONE)
 
 
 @dataclass(frozen=True)
@@ -161,10 +161,10 @@ class NicSampleBatch(Event):
     TYPE = "nic_batch"
     VERSION = 2
     UPGRADES = {1: dict}  # v1 -> v2: the fields are the same, ``never_up`` takes its default
-    node: str = field(metadata=NAME)
+    node: str = field(metadata=NODE_OR_NONE)
     ts_ms: int = field(metadata=TS_MS)
     nics: list[NicSample] = field(default_factory=list, metadata=bounds(max_items=10_000))
-    job: str = field(default="", metadata=NAME)
+    job: str = field(default="", metadata=JOB_OR_NONE)
 
 
 @dataclass(frozen=True)
@@ -204,11 +204,11 @@ class Heartbeat(Event):
     TYPE = "heartbeat"
     VERSION = 2
     UPGRADES = {1: dict}  # v1 -> v2: the fields are the same, the new ones take their defaults
-    node: str = field(metadata=NAME)
+    node: str = field(metadata=NODE_OR_NONE)
     component: str = field(metadata=NAME)  # exporter / worker / actions / reporter
     ts_ms: int = field(metadata=TS_MS)
     seq: int = field(default=0, metadata=U64)
-    job: str = field(default="", metadata=NAME)
+    job: str = field(default="", metadata=JOB_OR_NONE)
     sources: list[SourceHealth] = field(default_factory=list, metadata=bounds(max_items=1024))
     #: exporters: the interfaces the ``nic`` source watches (a NIC-down fault can only come from
     #: these), sorted, at most ``nic.max_listed`` of them ...

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from trainguard.schemas.limits import MAX_RANK, NAME, NAMES
+from trainguard.schemas.limits import JOB, MAX_RANK, NODES
 from trainguard.schemas.typecheck import bounds
 
 Dim = Literal["tp", "dp", "pp"]
@@ -43,14 +43,14 @@ class Coords(NamedTuple):
 class JobTopology:
     """TP/PP/DP sizes, rank order and machine layout of one training job."""
 
-    job: str = field(metadata=NAME)
+    job: str = field(metadata=JOB)
     tp: int = field(default=1, metadata=bounds(1, 1 << 20))
     pp: int = field(default=1, metadata=bounds(1, 1 << 20))
     dp: int = field(default=1, metadata=bounds(1, 1 << 20))
     ranks_per_machine: int = field(default=8, metadata=bounds(1, 1 << 12))
     order: str = field(default="tp-dp-pp", metadata=bounds(max_len=8))
     #: node name of machine index i; empty means machines are known by index only.
-    machines: list[str] = field(default_factory=list, metadata=NAMES)
+    machines: list[str] = field(default_factory=list, metadata=NODES)
 
     def __post_init__(self) -> None:
         dims = self.order.split("-")

@@ -14,7 +14,9 @@ own fields' metadata):
 * ``lo``/``hi`` -- inclusive range of every number (``ranks: list[int]``: of each rank);
 * ``allow_nan`` -- NaN/Inf accepted in floats (rejected otherwise);
 * ``max_len`` -- characters of every string, dict keys included;
-* ``max_items`` -- items of every list and dict.
+* ``max_items`` -- items of every list and dict;
+* ``name`` -- a :class:`~trainguard.schemas.names.NameRule` every string (dict keys included) must
+  follow: a job or node name (``trainguard.schemas.names``).
 
 Inside an ``Any`` value (free-form JSON) only strings and containers are checked: its numbers are
 whatever JSON holds, NaN and Infinity included.
@@ -37,6 +39,8 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, Union
 
+from trainguard.schemas.names import NameRule
+
 
 class SchemaError(ValueError):
     """A value does not fit its schema; ``path`` locates it, ``reason`` says why."""
@@ -54,11 +58,19 @@ def bounds(
     allow_nan: bool = False,
     max_len: int | None = None,
     max_items: int | None = None,
+    name: NameRule | None = None,
 ) -> dict[str, Any]:
     """Field metadata for range checks: inclusive ``lo``/``hi`` of every number in the field,
     NaN/Inf only if ``allow_nan``, at most ``max_len`` characters per string and ``max_items``
-    items per list or dict."""
-    return {"lo": lo, "hi": hi, "allow_nan": allow_nan, "max_len": max_len, "max_items": max_items}
+    items per list or dict, every string a valid ``name`` if given."""
+    return {
+        "lo": lo,
+        "hi": hi,
+        "allow_nan": allow_nan,
+        "max_len": max_len,
+        "max_items": max_items,
+        "name": name,
+    }
 
 
 #: a lone (unpaired) surrogate code point: representable in a Python str, not in UTF-8.
@@ -79,6 +91,11 @@ def show(value: Any) -> str:
 
 
 def _check_text(value: str, meta: Mapping[str, Any], path: str, what: str = "string") -> None:
+    rule: NameRule | None = meta.get("name")
+    if rule is not None:  # its own words: "name of 300 characters exceeds 128", "name '..' starts with"
+        why = rule.problem(value)
+        if why is not None:
+            raise SchemaError(path, why if what == "string" else f"{what}: {why}")
     max_len = meta.get("max_len")
     if max_len is not None and len(value) > max_len:
         raise SchemaError(path, f"{what} of {len(value)} characters exceeds {max_len}")
@@ -169,6 +186,8 @@ class _Field:
     hi: Any
     allow_nan: bool
     max_len: int | None
+    #: the fast check of a name field (a regex's fullmatch), None for other fields.
+    name_ok: Callable[[str], Any] | None
 
     def plain_ok(self, value: Any) -> bool:
         """``value`` is valid as is, by the same rules :func:`convert` applies (False: let
@@ -181,6 +200,8 @@ class _Field:
             if self.leaf is float:
                 return False  # converted to float by convert
         elif kind is str and self.leaf is str:
+            if self.name_ok is not None and self.name_ok(value) is None:
+                return False
             return (self.max_len is None or len(value) <= self.max_len) and _SURROGATE.search(value) is None
         else:
             return False
@@ -215,6 +236,7 @@ def _fields(cls: Any) -> tuple[tuple[_Field, ...], frozenset[str]]:
                 meta.get("hi"),
                 bool(meta.get("allow_nan")),
                 meta.get("max_len"),
+                meta["name"].pattern.fullmatch if meta.get("name") is not None else None,
             )
         )
     return tuple(out), frozenset(f.name for f in dataclasses.fields(cls))
@@ -245,6 +267,9 @@ def _all_valid(items: list[Any] | tuple[Any, ...], item_tp: Any, meta: Mapping[s
     if item_tp is str and all(type(v) is str for v in items):
         max_len = meta.get("max_len")
         if max_len is not None and items and max(map(len, items)) > max_len:
+            return False
+        rule: NameRule | None = meta.get("name")
+        if rule is not None and not all(map(rule.pattern.fullmatch, items)):
             return False
         return _SURROGATE.search("".join(items)) is None
     return False
@@ -467,7 +492,12 @@ def _fast_field(tp: Any, meta: Mapping[str, Any], v: str, tag: str, env: dict[st
         max_len = meta.get("max_len")
         size = [f"len({v}) <= {max_len!r}"] if max_len is not None else []
         env["_surr"] = _SURROGATE.search
-        return " and ".join([f"type({v}) is str", *size, f"({v}.isascii() or _surr({v}) is None)"]), v
+        rule = meta.get("name")
+        named = []
+        if rule is not None:  # a name is ASCII: its check makes the surrogate one moot
+            env[f"_name_{tag}"] = rule.pattern.fullmatch
+            named = [f"_name_{tag}({v}) is not None"]
+        return " and ".join([f"type({v}) is str", *size, *named, f"({v}.isascii() or _surr({v}) is None)"]), v
     if origin in (Union, types.UnionType) and type(None) in args:
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:

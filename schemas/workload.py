@@ -12,7 +12,19 @@ from dataclasses import dataclass, field
 
 from trainguard.schemas.base import Event, register, register_local
 from trainguard.schemas.enums import ProcessRole
-from trainguard.schemas.limits import I64, MAX_RANKS_LISTED, NAME, PID, RANK, RANK_OR_NONE, RANKS, TS_MS, U64
+from trainguard.schemas.limits import (
+    I64,
+    JOB_OR_NONE,
+    MAX_RANKS_LISTED,
+    NAME,
+    NODE_OR_NONE,
+    PID,
+    RANK,
+    RANK_OR_NONE,
+    RANKS,
+    TS_MS,
+    U64,
+)
 from trainguard.schemas.typecheck import bounds
 
 #: most threads, frames per thread and processes in one dump; py-spy prints one frame per Python
@@ -29,11 +41,11 @@ class TrainingStep(Event):
     """One optimizer step of one rank (training reporter)."""
 
     TYPE = "training_step"
-    job: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
     rank: int = field(metadata=RANK)
     step: int = field(metadata=bounds(0, 2**62))
     ts_ms: int = field(metadata=TS_MS)
-    node: str = field(default="", metadata=NAME)
+    node: str = field(default="", metadata=NODE_OR_NONE)
     loss: float | None = field(default=None, metadata=bounds(allow_nan=True))
     grad_norm: float | None = field(default=None, metadata=bounds(0, None, allow_nan=True))
     step_time_s: float | None = field(default=None, metadata=bounds(0, 1e7))
@@ -53,13 +65,13 @@ class LogLine(Event):
     """One line of a kernel log or of a training process's stdout/stderr."""
 
     TYPE = "log_line"
-    node: str = field(metadata=NAME)
+    node: str = field(metadata=NODE_OR_NONE)
     ts_ms: int = field(metadata=TS_MS)
     source: str = field(metadata=NAME)  # kernel / stdout / stderr / file path
     line: str = field(metadata=bounds(max_len=65_536))
     #: position in the source (byte offset or line number) -- with node+source, the dedup key.
     seq: int = field(default=0, metadata=I64)
-    job: str = field(default="", metadata=NAME)
+    job: str = field(default="", metadata=JOB_OR_NONE)
     rank: int = field(default=-1, metadata=RANK_OR_NONE)
 
 
@@ -69,10 +81,10 @@ class ProcessExit(Event):
     """A training process (or one of its children) ended."""
 
     TYPE = "process_exit"
-    node: str = field(metadata=NAME)
+    node: str = field(metadata=NODE_OR_NONE)
     ts_ms: int = field(metadata=TS_MS)
     pid: int = field(metadata=PID)
-    job: str = field(default="", metadata=NAME)
+    job: str = field(default="", metadata=JOB_OR_NONE)
     rank: int = field(default=-1, metadata=RANK_OR_NONE)
     role: ProcessRole = ProcessRole.MAIN
     exit_code: int | None = field(default=None, metadata=bounds(-255, 255))
@@ -98,8 +110,8 @@ class RankRegistration(Event):
     learns the rank too; the same registration again changes nothing."""
 
     TYPE = "rank_registration"
-    job: str = field(metadata=NAME)
-    node: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
+    node: str = field(metadata=NODE_OR_NONE)
     rank: int = field(metadata=RANK)
     local_rank: int = field(metadata=RANK)
     #: the rank's main process (the launcher's child) and the launcher itself.
@@ -117,8 +129,8 @@ class RankLiveness(Event):
     speaks: a machine that froze or died sends neither steps nor these."""
 
     TYPE = "rank_liveness"
-    job: str = field(metadata=NAME)
-    node: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
+    node: str = field(metadata=NODE_OR_NONE)
     ts_ms: int = field(metadata=TS_MS)
     #: the ranks with a live main process on the node, and each one's process state letter
     #: (``R`` running, ``S`` sleeping, ``D`` uninterruptible -- a driver or file system wait).
@@ -169,8 +181,8 @@ class StackDump(Event):
     """py-spy stacks of one process of a rank, captured for ``capture_id`` (on-demand tracer)."""
 
     TYPE = "stack_dump"
-    job: str = field(metadata=NAME)
-    node: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
+    node: str = field(metadata=NODE_OR_NONE)
     rank: int = field(metadata=RANK_OR_NONE)
     pid: int = field(metadata=PID)
     capture_id: str = field(metadata=NAME)
@@ -235,8 +247,8 @@ class FlightRecorderDump(Event):
     cannot dump is evidence too."""
 
     TYPE = "flight_recorder_dump"
-    job: str = field(metadata=NAME)
-    node: str = field(metadata=NAME)
+    job: str = field(metadata=JOB_OR_NONE)
+    node: str = field(metadata=NODE_OR_NONE)
     rank: int = field(metadata=RANK)
     ts_ms: int = field(metadata=TS_MS)
     capture_id: str = field(default="", metadata=NAME)

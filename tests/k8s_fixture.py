@@ -22,7 +22,12 @@ import pytest
 from tests.net import free_port_range, free_ports
 from tests.waiting import wait_until
 from trainguard.actions.executors.base import ExecutorEnv, StepContext
-from trainguard.actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
+from trainguard.actions.executors.kubernetes import (
+    JOB_LABEL,
+    KubernetesExecutor,
+    KubernetesExecutorConfig,
+    job_label,
+)
 from trainguard.infra.config import load_settings
 from trainguard.infra.stack.k8s import K8sCluster
 from trainguard.schemas.base import now_ms
@@ -130,10 +135,12 @@ def clean_up(cluster: K8sCluster, job: str) -> None:
     """Leave the cluster as found: ``job``'s pods gone, every node uncordoned."""
     core = admin(cluster)
     core.delete_collection_namespaced_pod(
-        "training", label_selector=f"trainguard.io/job={job}", grace_period_seconds=0
+        "training", label_selector=f"{JOB_LABEL}={job_label(job)}", grace_period_seconds=0
     )
     wait_until(
-        lambda: not core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={job}").items,
+        lambda: (
+            not core.list_namespaced_pod("training", label_selector=f"{JOB_LABEL}={job_label(job)}").items
+        ),
         30,
         f"the pods of {job} to go",
     )

@@ -56,9 +56,10 @@ from pathlib import Path
 
 from trainguard.actions.executors.slurm import expand_hostlist
 from trainguard.actions.positions import TopologyConfError, parse_topology_conf
+from trainguard.schemas import names
 from trainguard.schemas.base import now_ms
 from trainguard.schemas.control import JobSpec
-from trainguard.schemas.limits import NAME
+from trainguard.schemas.limits import JOB
 from trainguard.schemas.network import MachinePosition
 from trainguard.schemas.topology import JobTopology
 from trainguard.schemas.typecheck import bounds
@@ -87,7 +88,7 @@ class LaunchConfig:
     """
 
     #: the TrainGuard job name (what the workers, the action service and postmortems call it).
-    job: str = field(metadata=NAME)
+    job: str = field(metadata=JOB)
     #: tensor, pipeline and data parallel sizes; ``dp`` 0: the world size / (tp * pp).
     tp: int = field(default=1, metadata=bounds(1, 1 << 20))
     pp: int = field(default=1, metadata=bounds(1, 1 << 20))
@@ -122,8 +123,10 @@ class LaunchConfig:
     topology_pod_level: int = field(default=1, metadata=bounds(1, 16))
 
     def __post_init__(self) -> None:
-        if not self.job.strip() or any(c.isspace() for c in self.job):
-            raise ValueError(f"job name {self.job!r} must be non-empty, without blanks")
+        # Checked here too (not only when loaded): the spec this job publishes must decode.
+        why = names.JOB.problem(self.job)
+        if why is not None:
+            raise ValueError(f"job {why}")
         if sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
             raise ValueError(f"order {self.order!r} must be a permutation of tp, dp, pp (e.g. 'tp-dp-pp')")
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import logging
 import re
@@ -84,6 +85,8 @@ T = TypeVar("T")
 
 PREFIX = "trainguard.io"
 JOB_LABEL = f"{PREFIX}/job"
+#: the full job name of an object whose ``JOB_LABEL`` is a hash of it (:func:`job_label`).
+JOB_NAME = f"{PREFIX}/job-name"
 ROLE_LABEL = f"{PREFIX}/role"
 OP_LABEL = f"{PREFIX}/op"
 INDEX_LABEL = f"{PREFIX}/machine-index"
@@ -162,6 +165,38 @@ def _dns(text: str, limit: int = 63) -> str:
     return out[:limit].rstrip("-") or "x"
 
 
+def job_label(job: str) -> str:
+    """The ``trainguard.io/job`` label value of ``job``'s objects: a readable prefix and 160 bits of
+    the name's SHA-256, so two names never share a label (``a_b`` and ``A.b``, or two names alike
+    in their first 63 characters -- the most a label value holds); the full name is in the
+    ``trainguard.io/job-name`` annotation.  (A lossy mapping here once made restarting one job
+    delete another's pods.)
+
+    >>> job_label("llm-7b")
+    'llm-7b-9e70a190da317a4755050e5e38d63ff6740fef50'
+    >>> job_label("a_b") != job_label("a-b") and len(job_label("x" * 128)) <= 63
+    True
+    """
+    return f"{_dns(job, 22)}-{hashlib.sha256(job.encode()).hexdigest()[:40]}"
+
+
+def _object_name(text: str, limit: int = 253) -> str:
+    """A DNS-1123 object name (a ConfigMap's) or file name for ``text``: ``text`` itself when it
+    is one already (so the names of jobs made before stay), else its lossy DNS form plus a hash of
+    ``text`` (``Job_A`` and ``job-a`` stay apart).  A name that ends like a hash itself is hashed
+    too, so no name can be chosen to equal another one's hashed form.
+
+    >>> _object_name("llm-code"), _object_name("LLM_code")[:9]
+    ('llm-code', 'llm-code-')
+    """
+    if _dns(text, limit) == text and not _HASHED.search(text):
+        return text
+    return f"{_dns(text, limit - 33)}-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+
+_HASHED = re.compile(r"-[0-9a-f]{32}$")
+
+
 def _label_value(text: str) -> str:
     """A label (or taint) value from ``text``: 63 characters of ``[A-Za-z0-9._-]``, alphanumeric ends.
 
@@ -185,6 +220,8 @@ class KubernetesExecutor:
         self._lock = threading.Lock()
         self._calls: dict[str, deque[str]] = {}
         self.state_dir = Path(env.state_dir) / "kubernetes"
+        #: jobs without pods labelled the old way (:meth:`pods`): no longer looked for.
+        self._no_legacy: set[str] = set()
 
     # -- the API -------------------------------------------------------------------------------
     def _client(self) -> Any:
@@ -246,13 +283,29 @@ class KubernetesExecutor:
 
     # -- reads ---------------------------------------------------------------------------------
     def pods(self, job: str, role: str | None = None, ctx: StepContext | None = None) -> list[Any]:
-        sel = f"{JOB_LABEL}={_label_value(job)}"
-        if role:
-            sel += f",{ROLE_LABEL}={role}"
+        """The pods of ``job`` (of ``role``): by the hashed label, each one's annotation naming
+        exactly ``job``; and, until none is left, the pods an older executor labelled with the
+        name itself (:func:`_label_value`, lossy), each one's ``TRAINGUARD_JOB`` naming ``job``."""
+        role_sel = f",{ROLE_LABEL}={role}" if role else ""
+        sel = f"{JOB_LABEL}={job_label(job)}{role_sel}"
         got = self._call(
             f"list pods {sel}", ctx, self.core.list_namespaced_pod, self.cfg.namespace, label_selector=sel
         )
-        return list(got.items)
+        out = [p for p in got.items if (p.metadata.annotations or {}).get(JOB_NAME) == job]
+        if job not in self._no_legacy:
+            sel = f"{JOB_LABEL}={_label_value(job)}"
+            legacy = self._call(
+                f"list pods {sel}", ctx, self.core.list_namespaced_pod, self.cfg.namespace, label_selector=sel
+            ).items
+            legacy = [p for p in legacy if JOB_NAME not in (p.metadata.annotations or {})]
+            if not legacy:
+                self._no_legacy.add(job)  # the executor labels no pod this way any more
+            out += [
+                p
+                for p in legacy
+                if _env_job(p) == job and (not role or (p.metadata.labels or {}).get(ROLE_LABEL) == role)
+            ]
+        return out
 
     def node(self, name: str, ctx: StepContext | None = None) -> Any:
         return self._call(f"read node {name}", ctx, self.core.read_node, name)
@@ -545,9 +598,13 @@ class KubernetesExecutor:
             time.sleep(self.cfg.poll_s)
 
     def hot_update(self, spec: JobSpec, version: str, ctx: StepContext) -> None:
-        name = _dns(self.cfg.code_configmap.format(job=spec.job), 253)
+        name = _object_name(self.cfg.code_configmap.format(job=spec.job))
         body = {
-            "metadata": {"name": name, "labels": {JOB_LABEL: _label_value(spec.job)}},
+            "metadata": {
+                "name": name,
+                "labels": {JOB_LABEL: job_label(spec.job)},
+                "annotations": {JOB_NAME: spec.job},
+            },
             "data": {"version": version},
         }
         try:
@@ -575,7 +632,7 @@ class KubernetesExecutor:
         )
 
     def code_version(self, job: str) -> str:
-        name = _dns(self.cfg.code_configmap.format(job=job), 253)
+        name = _object_name(self.cfg.code_configmap.format(job=job))
         try:
             cm = self._call(
                 f"read configmap {name}", None, self.core.read_namespaced_config_map, name, self.cfg.namespace
@@ -648,7 +705,7 @@ class KubernetesExecutor:
     def _generation(self, job: str, ctx: StepContext) -> int:
         """How many restarts the executor has made for ``job`` (persisted: a pod's TRAINGUARD_RESTART)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        path = self.state_dir / f"{_dns(job)}.restarts"
+        path = self.state_dir / f"{_object_name(job, 200)}.restarts"
         seen = path.read_text().split() if path.exists() else []
         if ctx.op_id not in seen:
             seen.append(ctx.op_id)
@@ -658,15 +715,18 @@ class KubernetesExecutor:
     def _labels(
         self, job: str, role: str, ctx: StepContext, extra: dict[str, str] | None = None
     ) -> dict[str, str]:
-        return {JOB_LABEL: _label_value(job), ROLE_LABEL: role, OP_LABEL: ctx.op_id, **(extra or {})}
+        return {JOB_LABEL: job_label(job), ROLE_LABEL: role, OP_LABEL: ctx.op_id, **(extra or {})}
 
-    def _base_pod(self, template: dict[str, Any], name: str, labels: dict[str, str]) -> dict[str, Any]:
+    def _base_pod(
+        self, template: dict[str, Any], name: str, labels: dict[str, str], job: str
+    ) -> dict[str, Any]:
         pod = copy.deepcopy(template)
         pod["apiVersion"], pod["kind"] = "v1", "Pod"
         meta = pod.setdefault("metadata", {})
         meta.pop("generateName", None)
         meta["name"], meta["namespace"] = name, self.cfg.namespace
         meta["labels"] = {**(meta.get("labels") or {}), **labels}
+        meta["annotations"] = {**(meta.get("annotations") or {}), JOB_NAME: job}
         spec = pod.setdefault("spec", {})
         spec["restartPolicy"] = "Never"
         if not spec.get("containers"):
@@ -678,13 +738,16 @@ class KubernetesExecutor:
     ) -> dict[str, Any]:
         name = f"{_dns(spec.job, 40)}-{index}-{ctx.op_id[:8]}"
         pod = self._base_pod(
-            self.cfg.pod_template, name, self._labels(spec.job, TRAIN, ctx, {INDEX_LABEL: str(index)})
+            self.cfg.pod_template,
+            name,
+            self._labels(spec.job, TRAIN, ctx, {INDEX_LABEL: str(index)}),
+            spec.job,
         )
         ps: dict[str, Any] = pod["spec"]
         ps["nodeSelector"] = {**(ps.get("nodeSelector") or {}), HOSTNAME: node}
         ps.setdefault("priorityClassName", self.cfg.training_priority_class)
         ps["terminationGracePeriodSeconds"] = self.cfg.grace_period_s
-        cm = _dns(self.cfg.code_configmap.format(job=spec.job), 253)
+        cm = _object_name(self.cfg.code_configmap.format(job=spec.job))
         env: list[dict[str, Any]] = [
             {"name": "TRAINGUARD_JOB", "value": spec.job},
             {"name": "TRAINGUARD_MACHINE_INDEX", "value": str(index)},
@@ -707,7 +770,7 @@ class KubernetesExecutor:
         if not template:
             raise PermanentError("kubernetes: no standby_template or pod_template configured")
         name = f"{_dns(job, 40)}-standby-{_dns(node, 12)}-{ctx.op_id[:6]}"
-        pod = self._base_pod(template, name, self._labels(job, STANDBY, ctx))
+        pod = self._base_pod(template, name, self._labels(job, STANDBY, ctx), job)
         ps = pod["spec"]
         if not self.cfg.standby_template:
             container = {**ps["containers"][0], "command": list(self.cfg.standby_command), "args": []}
@@ -732,7 +795,7 @@ class KubernetesExecutor:
         template: dict[str, Any] = self.cfg.pod_template or {
             "spec": {"containers": [{"name": "main", "image": self.cfg.tools_image}]}
         }
-        pod = self._base_pod(template, name, self._labels(spec.job, role, ctx))
+        pod = self._base_pod(template, name, self._labels(spec.job, role, ctx), spec.job)
         ps = pod["spec"]
         first = dict(ps["containers"][0])
         first.update(command=list(argv), args=[])
@@ -864,6 +927,17 @@ def _ready(pod: Any) -> bool:
     if pod.metadata.deletion_timestamp is not None or pod.status.phase != "Running":
         return False
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def _env_job(pod: Any) -> str | None:
+    """The ``TRAINGUARD_JOB`` the executor set in a pod's first container (every pod it makes
+    has it, last in the list): which job an old-style labelled pod belongs to."""
+    found = None
+    for c in (pod.spec.containers or [])[:1]:
+        for e in c.env or []:
+            if e.name == "TRAINGUARD_JOB":
+                found = e.value
+    return found
 
 
 def _op(obj: Any) -> str | None:

@@ -82,6 +82,7 @@ from trainguard.actions.executors.base import (
 )
 from trainguard.actions.executors.hostlist import expand_hostlist
 from trainguard.actions.positions import parse_topology_conf
+from trainguard.schemas import names
 from trainguard.schemas.control import JobSpec
 from trainguard.schemas.network import MachinePosition
 from trainguard.schemas.typecheck import bounds
@@ -436,8 +437,22 @@ class SlurmExecutor:
         ]
 
     # -- state ------------------------------------------------------------------------------
+    def _job_path(self, job: str, *parts: str) -> Path:
+        """``<state dir>/slurm/<parts...>``, built from ``job``'s name: refused (PermanentError)
+        unless the name is a valid job name and the path, resolved, stays inside the directory.
+
+        Names are checked where specs are decoded (``trainguard.schemas.names``); this is the
+        second line, because the service runs as root or SlurmUser and a name like
+        ``../../etc/cron.d/x`` would otherwise be a file written anywhere."""
+        _check_job(job)
+        base = self.dir.resolve()
+        path = self.dir.joinpath(*parts)
+        if not path.resolve().is_relative_to(base) or path.resolve() == base:
+            raise PermanentError(f"slurm executor: {path} of job {job!r} is not inside {self.dir}")
+        return path
+
     def _state_file(self, job: str) -> Path:
-        return self.dir / f"{job}.json"
+        return self._job_path(job, f"{job}.json")
 
     def _load(self, job: str) -> dict[str, Any]:
         try:
@@ -597,7 +612,7 @@ class SlurmExecutor:
         self._save(spec.job, data)
         gen = data["generation"]
         tpn = self.cfg.tasks_per_node or spec.topology.ranks_per_machine
-        logfile = self.dir / spec.job / f"step-{gen}.log"
+        logfile = self._job_path(spec.job, spec.job, f"step-{gen}.log")
         logfile.parent.mkdir(parents=True, exist_ok=True)
         # Ranks in the spec's node order (a spare in the evicted node's place keeps that node's
         # ranks, so the topology's parallel groups stay what the workers think they are); block
@@ -859,9 +874,10 @@ class SlurmExecutor:
         os.replace(tmp, path)
 
     def _version_file(self, job: str) -> Path:
-        if self.cfg.version_file:
+        if self.cfg.version_file:  # the site's own template: the name is one path component in it
+            _check_job(job)
             return Path(self.cfg.version_file.format(job=job))
-        return self.dir / job / "code_version"
+        return self._job_path(job, job, "code_version")
 
     def _version(self, job: str) -> str:
         try:
@@ -1024,6 +1040,12 @@ def classify(rec: CommandRecord, what: str = "") -> PermanentError | TemporaryEr
     if any(p in text for p in _PERMANENT):
         return PermanentError(msg)
     return TemporaryError(msg)  # controller unreachable, timeouts, busy nodes: may pass
+
+
+def _check_job(job: str) -> None:
+    why = names.JOB.problem(job)
+    if why is not None:
+        raise PermanentError(f"slurm executor: job {why}: no file is named after it")
 
 
 def _ctx(step: str, seconds: float) -> StepContext:

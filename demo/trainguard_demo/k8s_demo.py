@@ -36,7 +36,12 @@ import click
 import yaml
 
 from trainguard.actions.executors.base import ExecutorEnv, StepContext
-from trainguard.actions.executors.kubernetes import KubernetesExecutor, KubernetesExecutorConfig
+from trainguard.actions.executors.kubernetes import (
+    JOB_LABEL,
+    KubernetesExecutor,
+    KubernetesExecutorConfig,
+    job_label,
+)
 from trainguard.infra.bus import EventProducer, signer_for
 from trainguard.infra.config import Settings
 from trainguard.infra.k8s.apply import apply_documents
@@ -257,7 +262,7 @@ class K8sDemo(Demo):
         assert self.k8s is not None
         nodes = [n for n in node_states(self.k8s) if n["name"] in self.pool]
         pods = self._admin().list_namespaced_pod(
-            JOBS_NAMESPACE, label_selector=f"trainguard.io/job={self.job}"
+            JOBS_NAMESPACE, label_selector=f"{JOB_LABEL}={job_label(self.job)}"
         )
         return {
             "kubeconfig": str(self.k8s.admin_kubeconfig),
@@ -289,7 +294,7 @@ class K8sDemo(Demo):
             apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
             with contextlib.suppress(client.exceptions.ApiException):
                 apps.delete_namespaced_daemon_set(f"{self.job}-exporter", JOBS_NAMESPACE)
-            for sel in (f"trainguard.io/job={self.job}", f"app={self.job}-exporter"):
+            for sel in (f"{JOB_LABEL}={job_label(self.job)}", f"app={self.job}-exporter"):
                 core.delete_collection_namespaced_pod(
                     JOBS_NAMESPACE, label_selector=sel, grace_period_seconds=5
                 )
@@ -297,7 +302,7 @@ class K8sDemo(Demo):
             while time.monotonic() < deadline:
                 left = [
                     p
-                    for sel in (f"trainguard.io/job={self.job}", f"app={self.job}-exporter")
+                    for sel in (f"{JOB_LABEL}={job_label(self.job)}", f"app={self.job}-exporter")
                     for p in core.list_namespaced_pod(JOBS_NAMESPACE, label_selector=sel).items
                 ]
                 if not left:

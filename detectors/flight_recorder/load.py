@@ -13,7 +13,13 @@ as completed here); no point-to-point operations; a ``pg_config`` without the gr
 
 A pickle is code: it is read with an unpickler that builds plain containers and scalars only and
 refuses any class or function a file names (:class:`FlightRecorderError`), so a dump from an
-untrusted node cannot run anything here.  File reading only: no network, no subprocesses.
+untrusted node cannot run anything here.  It is data too, and small data can be large: a pickle's
+memo lets a few KB name one list millions of times, and one opcode byte can make a 216-byte set.
+So every dump has a **budget** (:class:`Budget`), scaled to its size: what the unpickler creates is
+counted as it goes (refused before it is built), and the document it returns -- or JSON's -- is
+walked once, every reference counted, before anything else reads it.  A dump over budget is a
+:class:`FlightRecorderError` saying so, within milliseconds (``tests/detectors/test_fr_budget.py``).
+File reading only: no network, no subprocesses.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import io
 import json
 import pickle
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,15 +51,142 @@ MAX_TENSORS = 64  # sizes kept per entry
 MAX_DIMS = 16
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None; nothing else."""
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What one dump of ``size`` bytes may become, each counted per reference (an object named
+    twice counts twice: that is what every later reader -- the parser, the JSON of the event --
+    pays): ``elements`` (every container, key, value and item) and ``text`` (characters and bytes
+    of its strings).  ``memory`` bounds what the unpickler builds meanwhile (an estimate: the file
+    itself, a reference per opcode and each new container's size).
+
+    Measured on PyTorch's own pickles (``tests/fixtures/flight_recorder*``): 0.4-0.5 elements,
+    3-4 characters and 6-8 bytes of memory per byte of dump.  The budget allows 8, 32 and 32
+    per byte (at least :data:`FLOOR_*`, at most :data:`MAX_*`): a real dump is far inside, a bomb
+    (100x and more) far out.
+    """
+
+    elements: int
+    text: int
+    memory: int
+
+    @classmethod
+    def of(cls, size: int) -> Budget:
+        return cls(
+            elements=min(MAX_ELEMENTS, max(FLOOR_ELEMENTS, 8 * size)),
+            text=min(MAX_TEXT, max(FLOOR_BYTES, 32 * size)),
+            memory=min(MAX_MEMORY, max(FLOOR_BYTES, 32 * size)),
+        )
+
+
+#: the budget's bounds (see :class:`Budget`): a dump of 2,000 entries (PyTorch's default ring
+#: buffer) holds about 180,000 elements and 1.5 MB of text.
+FLOOR_ELEMENTS = 65_536
+FLOOR_BYTES = 4 << 20
+MAX_ELEMENTS = 8_000_000
+MAX_TEXT = 256 << 20
+MAX_MEMORY = 512 << 20
+
+#: what the opcodes that build a container add to the unpickler's memory estimate (CPython's
+#: size of the empty container); every opcode adds a reference (8 bytes) besides.
+_CONTAINER_OPS = {
+    pickle.EMPTY_LIST[0]: sys.getsizeof([]),
+    pickle.LIST[0]: sys.getsizeof([]),
+    pickle.EMPTY_DICT[0]: sys.getsizeof({}),
+    pickle.DICT[0]: sys.getsizeof({}),
+    pickle.EMPTY_SET[0]: sys.getsizeof(set()),
+    pickle.FROZENSET[0]: sys.getsizeof(frozenset()),
+    pickle.TUPLE[0]: sys.getsizeof(()),
+    pickle.TUPLE1[0]: sys.getsizeof((0,)),
+    pickle.TUPLE2[0]: sys.getsizeof((0, 0)),
+    pickle.TUPLE3[0]: sys.getsizeof((0, 0, 0)),
+}
+
+
+def _metered(op: int, handler: Callable[[Any], None]) -> Callable[[Any], None]:
+    cost = 8 + _CONTAINER_OPS.get(op, 0)
+
+    def run(self: _PlainUnpickler) -> None:
+        self.spent += cost
+        if self.spent > self.budget.memory:
+            raise FlightRecorderError(
+                f"the pickle builds more than its memory budget ({self.budget.memory:,} bytes "
+                f"for a {self.size:,}-byte dump): refused before it is built"
+            )
+        handler(self)
+
+    return run
+
+
+class _PlainUnpickler(pickle._Unpickler):
+    """Builds dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None; nothing else.
+
+    The pure-Python unpickler (the C one runs opcodes where nothing can count them), each opcode
+    metered against the dump's :class:`Budget` before it runs.  About 0.6 s per MB of pickle:
+    only PyTorch's timeout dumps are pickles (a capture's answers are JSON), and they are rare."""
+
+    dispatch = {op: _metered(op, fn) for op, fn in pickle._Unpickler.dispatch.items()}
+
+    def __init__(self, data: bytes, budget: Budget) -> None:
+        super().__init__(io.BytesIO(data))
+        self.size, self.budget, self.spent = len(data), budget, len(data)
 
     def find_class(self, module: str, name: str) -> Any:
         raise FlightRecorderError(f"the pickle names {module}.{name}: only plain data is read from a dump")
 
 
-def _unpickle(data: bytes) -> Any:
-    return _PlainUnpickler(io.BytesIO(data)).load()
+def _unpickle(data: bytes, budget: Budget) -> Any:
+    return _PlainUnpickler(data, budget).load()
+
+
+def check_budget(doc: Any, size: int, budget: Budget) -> None:
+    """Walk ``doc`` once, counting every element and character per reference (a cycle or a
+    shared list counts as often as it is reached), and stop at the first bound passed:
+    :class:`FlightRecorderError`.  A container's items are counted before they are visited, so
+    the walk ends within ``budget.elements`` steps; a container of scalars only is read once and
+    its counts reused each time it is reached again (a bomb's shared list costs one pass)."""
+    elements, text = 1, _text_size(doc)
+    todo = [doc] if isinstance(doc, _CONTAINERS) else []
+    #: id -> (items, characters) of the scalar-only containers seen (alive: ``doc`` holds them).
+    leaves: dict[int, tuple[int, int]] = {}
+    while todo:
+        node = todo.pop()
+        known = leaves.get(id(node))
+        if known is not None:
+            elements, text = elements + known[0], text + known[1]
+        else:
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            elements += len(children)
+            if elements > budget.elements:
+                break
+            chars, nested = 0, False
+            for child in children:
+                if isinstance(child, str | bytes | bytearray):
+                    chars += len(child)
+                elif isinstance(child, _CONTAINERS):
+                    todo.append(child)
+                    nested = True
+            text += chars
+            if not nested:
+                leaves[id(node)] = (len(children), chars)
+        if elements > budget.elements:
+            break
+        if text > budget.text:
+            raise FlightRecorderError(
+                f"the dump expands beyond its budget: more than {budget.text:,} characters "
+                f"of text for {size:,} bytes (references counted each time)"
+            )
+    if elements > budget.elements:
+        raise FlightRecorderError(
+            f"the dump expands beyond its budget: more than {budget.elements:,} elements "
+            f"for {size:,} bytes (references counted each time)"
+        )
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _text_size(value: Any) -> int:
+    return len(value) if isinstance(value, str | bytes | bytearray) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +297,10 @@ def _entry(raw: Any, frames: int) -> Entry:
 def parse_dump(data: bytes, rank: int, source: str = "<bytes>", frames: int = 8) -> RankDump:
     """A dump's bytes (pickle or JSON, told apart by content) -> :class:`RankDump`."""
     text = data.lstrip()[:1]
+    budget = Budget.of(len(data))
     try:
-        doc = json.loads(data) if text in (b"{", b"[") else _unpickle(data)
+        doc = json.loads(data) if text in (b"{", b"[") else _unpickle(data, budget)
+        check_budget(doc, len(data), budget)
     except FlightRecorderError as exc:
         raise FlightRecorderError(f"{source}: {exc}") from None
     except (ValueError, pickle.UnpicklingError, EOFError, IndexError, KeyError, TypeError, AttributeError,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.schemas.config import load_config
+from trainguard.schemas.limits import JOB_OR_NONE, NODE_OR_NONE
 from trainguard.schemas.telemetry import MAX_NICS_LISTED
 from trainguard.schemas.typecheck import bounds
 from trainguard.schemas.workload import MAX_FR_ENTRIES
@@ -283,8 +284,10 @@ class MetricsConfig:
 class ExporterConfig:
     """Everything one node exporter needs; see the module docstring for sources of values."""
 
-    node: str = ""
-    job: str = ""
+    #: this node's name ("" = its host name); a name the codec reads (``trainguard.schemas.names``),
+    #: or every record the exporter sends would be dead-lettered.
+    node: str = field(default="", metadata=NODE_OR_NONE)
+    job: str = field(default="", metadata=JOB_OR_NONE)
     #: prefix of every system path read (``<root>/proc``, ``<root>/sys/class/net``), like --path.procfs.
     root: str = "/"
     #: kernel-log position, spool and other state survive restarts here.

@@ -9,6 +9,10 @@ away the producer retries internally (idempotence on: its retries add no duplica
 whose send failed or timed out is sent again.  If the exporter stops with a segment half
 delivered, the segment is rewritten with only the unacknowledged records, so a restart re-sends
 nothing already acknowledged: duplicates arise only from a crash (at-least-once).
+
+Each record is spooled with a priority (:class:`SpoolPriority`), so that under the spool's size
+bound -- a long broker outage -- a kernel line or a line a rule matches outlives any number of
+ordinary records.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.detectors.rule_table import RuleTable, default_rule_table
 from trainguard.infra.backoff import Backoff
 from trainguard.infra.bus import BusError, EventProducer
 from trainguard.infra.config import KafkaConfig
@@ -28,9 +33,11 @@ from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.codec import encode
 from trainguard.schemas.telemetry import SourceHealth
 from trainguard.schemas.topics import topic_for
+from trainguard.schemas.workload import LogLine, ProcessExit
 from trainguard.streams.exporter.config import DeliveryConfig
 from trainguard.streams.exporter.metrics import ExporterMetrics
-from trainguard.streams.exporter.spool import Record, Spool
+from trainguard.streams.exporter.sources.base import KERNEL_SOURCES
+from trainguard.streams.exporter.spool import KERNEL, MATCHED, ORDINARY, Record, Spool
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,33 @@ INITIAL_BACKOFF_S = 0.2
 MAX_BACKOFF_S = 5.0
 
 
+class SpoolPriority:
+    """The spool priority of an event: :data:`~trainguard.streams.exporter.spool.KERNEL` for a
+    kernel or NVML line, :data:`~trainguard.streams.exporter.spool.MATCHED` for any other line a
+    log row of the rule table matches (the rows the ``kernel_log`` source ships by) and for a
+    process exit (a recovery starts from each), :data:`~trainguard.streams.exporter.spool.ORDINARY`
+    for the rest (telemetry, steps, other lines: the newest of them say the most).
+
+    >>> p = SpoolPriority()
+    >>> p(LogLine(node="n", ts_ms=1, source="kernel", line="usb 1-1: new device"))
+    2
+    >>> p(LogLine(node="n", ts_ms=1, source="stdout", line="CUDA error: an illegal memory access"))
+    1
+    >>> p(LogLine(node="n", ts_ms=1, source="stdout", line="step 7 loss 2.1"))
+    0
+    """
+
+    def __init__(self, rules: RuleTable | None = None) -> None:
+        self.rules = rules if rules is not None else default_rule_table()
+
+    def __call__(self, event: Event) -> int:
+        if isinstance(event, LogLine):
+            if event.source in KERNEL_SOURCES:
+                return KERNEL
+            return MATCHED if self.rules.match_line(event.line) is not None else ORDINARY
+        return MATCHED if isinstance(event, ProcessExit) else ORDINARY
+
+
 class Delivery:
     """The spool -> Kafka path of one exporter."""
 
@@ -51,9 +85,11 @@ class Delivery:
         spool: Spool,
         cfg: DeliveryConfig | None = None,
         metrics: ExporterMetrics | None = None,
+        priority: SpoolPriority | None = None,
     ) -> None:
         self.kafka = kafka
         self.spool = spool
+        self.priority = priority or SpoolPriority()
         self.cfg = cfg or DeliveryConfig()
         self.metrics = metrics or ExporterMetrics()
         self.metrics.watch_spool(lambda: spool.pending_records, lambda: spool.pending_bytes)
@@ -72,7 +108,7 @@ class Delivery:
     # -- producer side (sampling threads) ------------------------------------------------------
     def publish(self, event: Event) -> None:
         topic = topic_for(event)
-        self.spool.append(Record(topic.name, topic.key_of(event), encode(event)))
+        self.spool.append(Record(topic.name, topic.key_of(event), encode(event)), self.priority(event))
         self.metrics.spooled.inc()
 
     def health(self) -> SourceHealth:

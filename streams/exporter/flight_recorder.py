@@ -18,8 +18,17 @@ parsed dump (parsed here, with the restricted unpickler or JSON, never shipped r
 whose ``error`` says why there is none -- no answer in time, an unreadable dump, or a training
 process that never registered (its reporter is off or absent).  A worker joining a capture thus
 gets exactly one answer per local rank.  **Timeout dumps** are picked up by a background thread
-once PyTorch has finished writing them, published (trigger ``timeout``) and deleted; an unreadable
-one is moved to ``timeout/bad/``.  Errors never stop the exporter: they are logged and counted.
+once PyTorch has finished writing them, published (trigger ``timeout``) and deleted; each is moved
+to ``timeout/bad/`` (the exporter's own, mode 0700) *before* it is parsed and deleted from there
+once published, so a dump that kills the parse stays there instead of being taken again on every
+start; an unreadable one stays too (the newest :data:`MAX_QUARANTINED`).  Errors never stop the
+exporter: they are logged and counted.
+
+The directory is written by the ranks, so nothing in it is trusted: it is used only through
+descriptors, no link followed anywhere in it (:mod:`trainguard.streams.exporter.shared_dir`) -- a
+link put in place of ``dumps/`` or ``dumps/<capture_id>`` is removed as a link, and the sweeps
+never delete anything outside the directory -- and each dump is parsed within a budget
+(:class:`trainguard.detectors.flight_recorder.load.Budget`).
 """
 
 from __future__ import annotations
@@ -28,7 +37,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import stat
 import threading
 import time
@@ -42,7 +50,9 @@ from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.enums import ProcessRole
 from trainguard.schemas.telemetry import SourceHealth
 from trainguard.schemas.workload import FlightRecorderDump
+from trainguard.streams.exporter import shared_dir
 from trainguard.streams.exporter.config import FlightRecorderConfig
+from trainguard.streams.exporter.shared_dir import SharedDir
 from trainguard.streams.exporter.sources.process import TrackedProcess
 
 log = logging.getLogger(__name__)
@@ -55,6 +65,9 @@ TIMEOUT_DUMP = re.compile(r"rank_(\d{1,7})")
 STALE_S = 600.0
 #: how often a capture looks for the ranks' answers.
 ANSWER_POLL_S = 0.05
+#: timeout dumps kept in ``timeout/bad/`` (unreadable ones, or one whose parse never returned):
+#: the newest, for an operator to look at; older ones are deleted.
+MAX_QUARANTINED = 16
 NOT_ENABLED = "Flight Recorder not enabled in this rank (no reporter registration)"
 
 
@@ -67,65 +80,35 @@ class Registration:
     job: str
 
 
-def read_regular(path: Path, max_bytes: int) -> tuple[bytes, int]:
-    """(content, mtime in ms) of a regular file no larger than ``max_bytes``.
-
-    The directory is writable by the training processes, so nothing in it is trusted: a symlink
-    is not followed, and a FIFO or device is not read (it could block or never end).  ValueError
-    names what is wrong; OSError when it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path.name} is not a regular file")
-        if st.st_size > max_bytes:
-            raise ValueError(f"dump is {st.st_size} bytes, over the {max_bytes}-byte limit")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:  # grew after the fstat
-        raise ValueError(f"dump is over the {max_bytes}-byte limit")
-    return data, st.st_mtime_ns // 1_000_000
-
-
 def read_registrations(
-    ranks_dir: Path, alive: Callable[[int], bool], fresh_s: float = 0.0
+    fr: SharedDir, alive: Callable[[int], bool], fresh_s: float = 0.0
 ) -> dict[int, Registration]:
-    """The registrations of live processes, by rank (a dead pid's file is a killed rank's).  A
-    rank whose pid is not alive here but whose file was refreshed within ``fresh_s`` counts as
-    live too: its pid is in another pid namespace (a training pod without ``hostPID``)."""
+    """The registrations in ``<fr>/ranks/`` of live processes, by rank (a dead pid's file is a
+    killed rank's).  A rank whose pid is not alive here but whose file was refreshed within
+    ``fresh_s`` counts as live too: its pid is in another pid namespace (a training pod without
+    ``hostPID``)."""
     now = time.time()
     out: dict[int, Registration] = {}
     try:
-        paths = sorted(p for p in ranks_dir.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
-    except OSError:
-        return out
-    for p in paths:
-        try:
-            raw, mtime_ms = read_regular(p, 4096)
-            doc = json.loads(raw)
-            reg = Registration(int(doc["rank"]), int(doc["pid"]), str(doc.get("job") or ""))
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.warning("flight recorder: ignoring registration %s: %s", p, exc)
-            continue
-        fresh = fresh_s > 0 and now - mtime_ms / 1000 <= fresh_s
-        if reg.rank >= 0 and reg.pid > 0 and (alive(reg.pid) or fresh):
-            out[reg.rank] = reg
+        with fr.dir("ranks") as fd:
+            for name, _st in shared_dir.entries(fd):
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                try:
+                    raw, mtime_ms = shared_dir.read_file(fd, name, 4096)
+                    doc = json.loads(raw)
+                    reg = Registration(int(doc["rank"]), int(doc["pid"]), str(doc.get("job") or ""))
+                except (OSError, ValueError, TypeError, KeyError) as exc:
+                    log.warning("flight recorder: ignoring registration %s: %s", name, exc)
+                    continue
+                fresh = fresh_s > 0 and now - mtime_ms / 1000 <= fresh_s
+                if reg.rank >= 0 and reg.pid > 0 and (alive(reg.pid) or fresh):
+                    out[reg.rank] = reg
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a link in place of ranks/: no registration is read through it
+        log.warning("flight recorder: registrations not read: %s", exc)
     return out
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _age_s(path: Path, now: float) -> float:
-    try:
-        return now - path.lstat().st_mtime
-    except OSError:
-        return 0.0
 
 
 class FlightRecorderCollector:
@@ -150,6 +133,7 @@ class FlightRecorderCollector:
         self.cfg, self.node, self.job = cfg, node, job
         self.discover, self.publish, self.alive = discover, publish, alive
         self.dir = Path(cfg.dir)
+        self.shared = SharedDir(self.dir)
         self.errors = 0
         self.published = 0
         self.captures = 0
@@ -192,12 +176,15 @@ class FlightRecorderCollector:
             )
         )
 
-    def _dump_event(self, path: Path, rank: int, capture_id: str, pid: int, job: str, trigger: str) -> bool:
-        """Publish the dump at ``path`` (True), or an error event saying why it is unreadable (False)."""
+    def _dump_event(
+        self, dir_fd: int, name: str, rank: int, capture_id: str, pid: int, job: str, trigger: str
+    ) -> bool:
+        """Publish the dump ``name`` of directory ``dir_fd`` (True), or an error event saying
+        why it is unreadable (False)."""
         try:
-            data, mtime_ms = read_regular(path, self.cfg.max_bytes)
+            data, mtime_ms = shared_dir.read_file(dir_fd, name, self.cfg.max_bytes)
             event = dump_to_event(
-                parse_dump(data, rank, str(path)),
+                parse_dump(data, rank, name),
                 job=self.job or job,
                 node=self.node,
                 ts_ms=mtime_ms,
@@ -208,7 +195,7 @@ class FlightRecorderCollector:
                 per_group=self.cfg.max_entries_per_group,
             )
         except (OSError, ValueError, TypeError) as exc:  # FlightRecorderError is a ValueError
-            why = str(exc) if isinstance(exc, FlightRecorderError) else f"{path.name}: {exc}"
+            why = str(exc) if isinstance(exc, FlightRecorderError) else f"{name}: {exc}"
             self._fail(f"rank {rank}: unreadable dump: {why}")
             why = f"unreadable Flight Recorder dump: {why}"
             self._error_event(rank, capture_id, pid, why, trigger, job)
@@ -251,7 +238,7 @@ class FlightRecorderCollector:
         """One capture, blocking (up to ``wait_s``): one event per local rank; returns how many."""
         started = time.monotonic()
         self.sweep_stale()
-        registered = read_registrations(self.dir / "ranks", self.alive, self.cfg.registration_fresh_s)
+        registered = read_registrations(self.shared, self.alive, self.cfg.registration_fresh_s)
         unregistered = self._unregistered_ranks(registered)
         if not CAPTURE_ID.fullmatch(capture_id):  # never a path outside the directory
             self._fail(f"capture id {capture_id!r} is not usable as a file name")
@@ -263,22 +250,20 @@ class FlightRecorderCollector:
             return len(registered) + len(unregistered)
         for rank, pid in sorted(unregistered.items()):
             self._error_event(rank, capture_id, pid, NOT_ENABLED)
-        request = self.dir / "requests" / capture_id
-        dumps = self.dir / "dumps" / capture_id
         try:
             if registered:
-                request.parent.mkdir(parents=True, exist_ok=True)
-                body = {"capture_id": capture_id, "ts_ms": now_ms(), "ranks": sorted(registered)}
-                _write_atomic(request, json.dumps(body).encode())
-                self._collect_answers(capture_id, registered, dumps)
+                with self.shared.dir("requests", create=True) as fd:
+                    body = {"capture_id": capture_id, "ts_ms": now_ms(), "ranks": sorted(registered)}
+                    shared_dir.write_file(fd, capture_id, json.dumps(body).encode())
+                self._collect_answers(capture_id, registered)
         except OSError as exc:
             self._fail(f"capture {capture_id}: {exc}")
             for rank, reg in registered.items():
                 why = f"Flight Recorder request failed: {exc}"
                 self._error_event(rank, capture_id, reg.pid, why, job=reg.job)
         finally:
-            request.unlink(missing_ok=True)
-            shutil.rmtree(dumps, ignore_errors=True)
+            self._remove("requests", capture_id)
+            self._remove("dumps", capture_id)
         self.captures += 1
         log.info(
             "flight recorder capture %s: %d registered, %d unregistered rank(s), %.2f s",
@@ -289,8 +274,10 @@ class FlightRecorderCollector:
         )
         return len(registered) + len(unregistered)
 
-    def _collect_answers(self, capture_id: str, registered: dict[int, Registration], dumps: Path) -> None:
-        """Publish each rank's answer as it lands; after ``wait_s``, an error for the silent ones."""
+    def _collect_answers(self, capture_id: str, registered: dict[int, Registration]) -> None:
+        """Publish each rank's answer as it lands in ``dumps/<capture_id>/``; after ``wait_s``,
+        an error for the silent ones.  A link in place of either directory is never followed:
+        no answer is read through it (the ranks then count as silent)."""
         pending = dict(registered)
         deadline = time.monotonic() + self.cfg.wait_s
         # A stopped rank (SIGSTOP, a debugger) runs none of its own code, so it cannot write its
@@ -301,16 +288,17 @@ class FlightRecorderCollector:
                 why = "the rank's process is stopped (state T): it cannot write its Flight Recorder"
                 self._error_event(rank, capture_id, reg.pid, why, job=reg.job)
                 del pending[rank]
+        unsafe = ""
         while pending:
-            for rank, reg in list(pending.items()):
-                dump, error = dumps / f"rank_{rank}", dumps / f"rank_{rank}.error"
-                if os.path.lexists(dump):
-                    self._dump_event(dump, rank, capture_id, reg.pid, reg.job, "capture")
-                elif os.path.lexists(error):
-                    self._error_event(rank, capture_id, reg.pid, self._reason(error), job=reg.job)
-                else:
-                    continue
-                del pending[rank]
+            try:
+                with self.shared.dir("dumps", capture_id) as fd:
+                    self._take_answers(fd, capture_id, pending)
+            except FileNotFoundError:
+                pass  # no rank answered yet
+            except shared_dir.UnsafeEntry as exc:
+                if not unsafe:
+                    unsafe = str(exc)
+                    self._fail(f"capture {capture_id}: {exc}")
             if not pending or time.monotonic() >= deadline or self._stop.wait(ANSWER_POLL_S):
                 break
         for rank, reg in sorted(pending.items()):
@@ -325,80 +313,124 @@ class FlightRecorderCollector:
             self._fail(f"process discovery failed: {exc}")
             return set()
 
-    def _reason(self, path: Path) -> str:
+    def _take_answers(self, fd: int, capture_id: str, pending: dict[int, Registration]) -> None:
+        for rank, reg in list(pending.items()):
+            dump, error = f"rank_{rank}", f"rank_{rank}.error"
+            if shared_dir.exists(fd, dump):
+                self._dump_event(fd, dump, rank, capture_id, reg.pid, reg.job, "capture")
+            elif shared_dir.exists(fd, error):
+                self._error_event(rank, capture_id, reg.pid, self._reason(fd, error), job=reg.job)
+            else:
+                continue
+            del pending[rank]
+
+    def _reason(self, fd: int, name: str) -> str:
         """The one line a rank wrote instead of its dump."""
         try:
-            text = read_regular(path, 8192)[0].decode("utf-8", "replace")
+            text = shared_dir.read_file(fd, name, 8192)[0].decode("utf-8", "replace")
         except (OSError, ValueError) as exc:
             return f"the rank could not dump (its reason is unreadable: {exc})"
         return " ".join(text.split())[:4096] or "the rank could not dump (no reason given)"
 
+    def _remove(self, sub: str, name: str) -> None:
+        """Remove ``<sub>/<name>`` (a link as a link; nothing if ``sub`` itself is not a real
+        directory); an error is counted, never raised."""
+        try:
+            with self.shared.dir(sub) as fd:
+                shared_dir.remove(fd, name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._fail(f"cannot remove {sub}/{name}: {exc}")
+
     def sweep_stale(self) -> None:
         """Delete requests and dump directories older than :data:`STALE_S` (a crashed exporter's,
-        or an answer that landed after its capture gave up)."""
+        or an answer that landed after its capture gave up).  Inside the directory only: a link
+        in place of ``requests/`` or ``dumps/`` is removed (the link, not its target), a link in
+        them is removed as a link, and a directory in them with everything in it, no link
+        followed."""
         now = time.time()
         for sub in ("requests", "dumps"):
             try:
-                entries = list((self.dir / sub).iterdir())
-            except OSError:
+                with self.shared.dir(sub) as fd:
+                    for name, st in shared_dir.entries(fd):
+                        if now - st.st_mtime > STALE_S:
+                            shared_dir.remove(fd, name)
+            except FileNotFoundError:
                 continue
-            for p in entries:
-                if _age_s(p, now) <= STALE_S:
-                    continue
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink(missing_ok=True)
+            except shared_dir.UnsafeEntry as exc:
+                self._fail(f"{exc}: removed")
+                try:
+                    with self.shared.dir() as base:
+                        shared_dir.remove(base, sub)  # only the name: a link, or a stray file
+                except OSError as again:
+                    self._fail(f"cannot remove {sub}: {again}")
+            except OSError as exc:
+                self._fail(f"sweeping {sub}: {exc}")
 
     # -- timeout dumps -------------------------------------------------------------------------
     def scan_timeouts(self) -> int:
         """One pass over ``timeout/``: publish the dumps that have settled; returns how many."""
-        tdir = self.dir / "timeout"
         try:
-            names = [e.name for e in os.scandir(tdir) if e.is_file(follow_symlinks=False)]
-        except OSError:
+            with self.shared.dir("timeout") as tfd:
+                return self._scan_timeouts(tfd)
+        except FileNotFoundError:
             return 0
+        except OSError as exc:  # a link in place of timeout/: nothing is read through it
+            self._fail(f"timeout dumps not read: {exc}")
+            return 0
+
+    def _scan_timeouts(self, tfd: int) -> int:
         now, done, seen = time.monotonic(), 0, set()
         jobs: dict[int, str] | None = None
-        for name in sorted(names):
+        for name, st in shared_dir.entries(tfd):
             m = TIMEOUT_DUMP.fullmatch(name)
-            if m is None:  # hidden, temporary, or not PyTorch's: leave it alone
+            if m is None or not stat.S_ISREG(st.st_mode):  # hidden, temporary, a link, not PyTorch's
                 continue
             seen.add(name)
-            if self._settled(tdir / name, name, now):
+            if self._settled(name, st, now):
                 if jobs is None:  # the job of a rank, when this exporter serves any job
-                    regs = read_registrations(self.dir / "ranks", self.alive, self.cfg.registration_fresh_s)
+                    regs = read_registrations(self.shared, self.alive, self.cfg.registration_fresh_s)
                     jobs = {r: reg.job for r, reg in regs.items()}
                 rank = int(m.group(1))
-                self._take_timeout_dump(tdir / name, rank, jobs.get(rank, ""))
+                self._take_timeout_dump(tfd, name, rank, jobs.get(rank, ""))
                 self._settling.pop(name, None)
                 done += 1
         self._settling = {k: v for k, v in self._settling.items() if k in seen}
         return done
 
-    def _settled(self, path: Path, name: str, now: float) -> bool:
+    def _settled(self, name: str, st: os.stat_result, now: float) -> bool:
         """True once the file's size and mtime have stayed the same for ``settle_s``."""
-        try:
-            st = path.lstat()
-        except OSError:
-            return False
         size, mtime, since = self._settling.get(name, (-1, -1, now))
         if (size, mtime) != (st.st_size, st.st_mtime_ns):
             self._settling[name] = (st.st_size, st.st_mtime_ns, now)
             since = now
         return now - since >= self.cfg.settle_s
 
-    def _take_timeout_dump(self, path: Path, rank: int, job: str) -> None:
-        if self._dump_event(path, rank, "", 0, job, "timeout"):
-            path.unlink(missing_ok=True)
-            return
-        bad = path.parent / "bad"
+    def _take_timeout_dump(self, tfd: int, name: str, rank: int, job: str) -> None:
+        """Quarantine, then parse: a dump moves to ``timeout/bad/`` first and leaves it only once
+        published, so one whose parse never returns (the process killed meanwhile) is not taken
+        again on the next start.  No quarantine possible: parsed in place, deleted either way."""
+        kept = f"{name}.{now_ms()}"
         try:
-            bad.mkdir(exist_ok=True)
-            os.replace(path, bad / f"{path.name}.{now_ms()}")
-        except OSError as exc:  # cannot keep it: drop it rather than report it every round
-            self._fail(f"cannot move {path} to {bad}: {exc}")
-            path.unlink(missing_ok=True)
+            with self.shared.own_dir("timeout", "bad") as bad:
+                shared_dir.move(tfd, name, bad, kept)
+                if self._dump_event(bad, kept, rank, "", 0, job, "timeout"):
+                    shared_dir.remove(bad, kept)
+                self._trim_quarantine(bad)
+            return
+        except OSError as exc:
+            self._fail(f"cannot quarantine timeout/{name}: {exc}")
+        self._dump_event(tfd, name, rank, "", 0, job, "timeout")
+        try:
+            shared_dir.remove(tfd, name)
+        except OSError as exc:
+            self._fail(f"cannot remove timeout/{name}: {exc}")
+
+    def _trim_quarantine(self, bad: int) -> None:
+        kept = sorted(shared_dir.entries(bad), key=lambda e: e[1].st_mtime_ns)
+        for name, _st in kept[:-MAX_QUARANTINED]:
+            shared_dir.remove(bad, name)
 
     def _poll_timeouts(self) -> None:
         while not self._stop.wait(self.cfg.timeout_poll_s):

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from trainguard.detectors.rule_table import default_rule_table, load_rule_table
 from trainguard.infra.config import KafkaConfig
 from trainguard.infra.metrics_server import MetricsServer, serve_metrics
 from trainguard.infra.proctable import ProcTable
@@ -30,7 +31,7 @@ from trainguard.streams.exporter.commands import (
     interval_args,
 )
 from trainguard.streams.exporter.config import ExporterConfig
-from trainguard.streams.exporter.delivery import Delivery
+from trainguard.streams.exporter.delivery import Delivery, SpoolPriority
 from trainguard.streams.exporter.flight_recorder import FlightRecorderCollector
 from trainguard.streams.exporter.metrics import ExporterMetrics
 from trainguard.streams.exporter.ranks import RankRegistry
@@ -54,7 +55,8 @@ class ExporterService:
         )
         self.metrics = ExporterMetrics()
         self._metrics_server: MetricsServer | None = None
-        self.delivery = Delivery(kafka, self.spool, cfg.delivery, self.metrics)
+        rules = load_rule_table(cfg.kernel_log.rules) if cfg.kernel_log.rules else default_rule_table()
+        self.delivery = Delivery(kafka, self.spool, cfg.delivery, self.metrics, SpoolPriority(rules))
         #: the ranks launchers registered here: the process source and both captures follow them.
         self.ranks = RankRegistry(cfg.process.max_registered, cfg.process.registered_linger_s)
         self.stacks = StackCapturer(cfg.stacks, cfg.node_name, cfg.job, self._discover, self.delivery.publish)

@@ -77,6 +77,14 @@ def test_the_store_never_keeps_what_it_cannot_read_back(store: ProgressStore) ->
             id="4301-digit-integer",
         ),
         pytest.param(b"\xff\x00", id="not-utf8"),
+        pytest.param(
+            decision_bytes(make_decision(JOB, Action.EVICT, ["m1"]), **{'"job":"job-bad"': '"job":"../x"'}),
+            id="job-name-a-path",
+        ),
+        pytest.param(
+            decision_bytes(make_decision(JOB, Action.EVICT, ["m1"]), **{'["m1"]': '["m1/../m2"]'}),
+            id="node-name-a-path",
+        ),
     ],
 )
 def test_an_undecodable_decision_becomes_a_dead_letter_with_its_coordinates(value: bytes) -> None:

@@ -17,16 +17,20 @@ from typing import Any
 
 import pytest
 
-from tests.k8s_fixture import admin, alive, beat, ctx, make_spec
+from tests.k8s_fixture import admin, alive, beat, clean_up, ctx, make_spec
 from tests.waiting import wait_until
 from trainguard.actions.errors import PermanentError, TemporaryError
 from trainguard.actions.executors.base import ExecutorEnv
 from trainguard.actions.executors.kubernetes import (
     EVICT_TAINT,
     EVICTED_BY,
+    JOB_LABEL,
+    JOB_NAME,
     KubernetesExecutor,
     KubernetesExecutorConfig,
+    _label_value,
     classify,
+    job_label,
 )
 from trainguard.infra.stack.k8s import K8sCluster
 
@@ -129,6 +133,47 @@ def test_hot_update_reaches_the_restarted_pods(k8s_cluster: K8sCluster, k8s_job:
     ex.restart(spec, ctx("restart-2"))  # no stop before: the old pod is replaced
     wait_until(lambda: (x := beat(out, "n6")) and x["version"] == "v1", 30, "the rolled-back rank")
     assert len(ex.pods(name, "train")) == 1
+
+
+def test_jobs_whose_names_share_63_characters_never_touch_each_other(
+    k8s_cluster: K8sCluster, k8s_job: Any
+) -> None:
+    """Issue #38: the job label once was the name cut to 63 characters, so stopping one of two
+    such jobs deleted the other's pods.  Now it is a hash, the full name in an annotation; pods an
+    older executor labelled the old way still count, each by its own ``TRAINGUARD_JOB``."""
+    name, ex, _ = k8s_job
+    a, b = f"{name}-{'x' * 60}-a", f"{name}-{'x' * 60}-b"
+    assert _label_value(a) == _label_value(b) and job_label(a) != job_label(b)
+    try:
+        ex.restart(make_spec(a, ["n5"]), ctx("restart"))
+        ex.restart(make_spec(b, ["n7"]), ctx("restart"))
+        (pod,) = ex.pods(b, "train")
+        assert pod.metadata.annotations[JOB_NAME] == b and pod.metadata.labels[JOB_LABEL] == job_label(b)
+        ex.stop(make_spec(a, ["n5"]), ctx("stop"))
+        assert not ex.pods(a) and [p.metadata.name for p in ex.pods(b, "train")] == [pod.metadata.name]
+
+        # Pods of both jobs as an older executor made them: the old label, no annotation.
+        core = admin(k8s_cluster)
+        old = {}
+        for job, node in ((a, "n5"), (b, "n7")):
+            body = ex._train_pod(make_spec(job, [node]), 0, node, 1, ctx("old-restart"))
+            body["metadata"]["name"] = f"{name}-old-{node}"
+            body["metadata"]["labels"][JOB_LABEL] = _label_value(job)
+            del body["metadata"]["annotations"][JOB_NAME]
+            old[job] = core.create_namespaced_pod("training", body).metadata.name
+        ex2 = KubernetesExecutor(ex.cfg, ex.env)  # a fresh service: looks for old-style pods again
+        assert [p.metadata.name for p in ex2.pods(a)] == [old[a]]
+        assert sorted(p.metadata.name for p in ex2.pods(b)) == sorted([pod.metadata.name, old[b]])
+        ex2.stop(make_spec(a, ["n5"]), ctx("stop"))
+        assert not ex2.pods(a)
+        assert sorted(p.metadata.name for p in ex2.pods(b)) == sorted([pod.metadata.name, old[b]])
+    finally:
+        for job in (a, b):
+            clean_up(k8s_cluster, job)
+            core = admin(k8s_cluster)
+            core.delete_collection_namespaced_pod(
+                "training", label_selector=f"{JOB_LABEL}={_label_value(job)}", grace_period_seconds=0
+            )
 
 
 def test_errors_are_classified(k8s_cluster: K8sCluster, k8s_job: Any, tmp_path: Path) -> None:

@@ -22,10 +22,12 @@ from trainguard.actions.executors.base import ExecutorEnv
 from trainguard.actions.executors.kubernetes import (
     EVICT_TAINT,
     EVICTED_BY,
+    JOB_LABEL,
     SELF_CHECK,
     SELF_CHECK_FAILED,
     KubernetesExecutor,
     KubernetesExecutorConfig,
+    job_label,
 )
 from trainguard.infra.stack.k8s import K8sCluster
 
@@ -60,7 +62,7 @@ def checked(k8s_cluster: K8sCluster, tmp_path: Path) -> Any:
 
 def _pod_ready(core: Any, job: str, node: str) -> bool | None:
     """The Ready condition of ``job``'s standby pod on ``node`` (None: no Running pod there)."""
-    for p in core.list_namespaced_pod("training", label_selector=f"trainguard.io/job={job}").items:
+    for p in core.list_namespaced_pod("training", label_selector=f"{JOB_LABEL}={job_label(job)}").items:
         if (p.spec.node_selector or {}).get("kubernetes.io/hostname") == node and p.status.phase == "Running":
             return any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
     return None

@@ -105,3 +105,25 @@ def test_evict_storm_is_capped_and_the_rest_held() -> None:
     assert res["decisions_made"] == res["decisions_expected"] > res["evicted"]
     assert res["evicted"] == res["eviction_cap"] and res["held"] >= 1
     assert res["lost"] == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_hostile_tenant_touches_nothing_outside_fr_and_the_xid_gets_through() -> None:
+    res = run_chaos("hostile_tenant", 540)
+    assert res["victim_files"] > 0 and res["victim_files_touched"] == 0
+    assert res["bombs_refused"] == 2 and res["valid_dump_entries"] > 0 and res["hard_link_refused"]
+    assert res["links_removed"] == 2 and res["quarantine_is_real_dir"]
+    assert res["exporter_alive"] and res["heartbeats_after"] > 0
+    assert res["spool_dropped"] > 0  # the flood did fill the spool ...
+    assert res["stored"] == res["produced"] == 1 and res["lost"] == 0  # ... and the Xid got through
+    assert res["forged_kernel_lines"] > 0 and res["accepted_forged"] == 0
+
+
+@pytest.mark.timeout(600)
+def test_injected_names_are_dead_lettered_and_touch_nothing() -> None:
+    res = run_chaos("name_injection", 540)
+    assert res["produced"] > 0 and res["stored"] == res["produced"] and res["lost"] == 0
+    assert res["accepted_forged"] == 0 and res["files_with_injected_names"] == 0
+    assert res["decisions_acted"] == 1  # the genuine decision afterwards
+    assert res["slurm_paths_refused"] == res["slurm_names_tried"] > 0
+    assert res["k8s_old_label_collisions"] > 0 and res["k8s_label_collisions"] == 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.demo.helpers import run_demo
+from trainguard.actions.executors.kubernetes import JOB_LABEL, job_label
 from trainguard.infra.config import Settings
 from trainguard.infra.stack.k8s import K8sCluster
 
@@ -37,6 +38,6 @@ def test_the_demo_on_kubernetes_cordons_the_xid_node_and_recovers_both_faults(
     )
     # The job's pods ran on n2-n4 and a pool node at the end; the demo removed them when it stopped.
     assert not core.list_namespaced_pod(
-        "training", label_selector=f"trainguard.io/job={summary['job']}"
+        "training", label_selector=f"{JOB_LABEL}={job_label(summary['job'])}"
     ).items
     assert "Kubernetes nodes at the end" in res.stdout

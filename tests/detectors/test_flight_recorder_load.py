@@ -130,11 +130,19 @@ def test_a_pickle_that_builds_on_a_dict_is_an_error_not_a_crash() -> None:
         parse_dump(b"\x80\x04}\x94}\x94b.", 0, "f")
 
 
-def test_a_memo_bomb_is_cut_down() -> None:
-    sizes = list(range(3000))
-    doc = _dump([_entry(1, input_sizes=[sizes] * 3000)])
+def test_shared_sizes_within_the_budget_are_cut_down() -> None:
+    sizes = list(range(200))
+    doc = _dump([_entry(1, input_sizes=[sizes] * 200)])  # 40,000 elements from a 1 KB pickle
     entry = parse_dump(pickle.dumps(doc), 0).entries[0]
     assert len(entry.input_sizes) == 64 and len(entry.input_sizes[0]) == 16
+
+
+def test_a_memo_bomb_is_refused() -> None:
+    """9 million elements from a 15 KB pickle: over its budget (tests/detectors/test_fr_budget.py)."""
+    sizes = list(range(3000))
+    doc = _dump([_entry(1, input_sizes=[sizes] * 3000)])
+    with pytest.raises(FlightRecorderError, match="expands beyond its budget"):
+        parse_dump(pickle.dumps(doc), 0)
 
 
 @pytest.mark.parametrize("bad", [[1], "x"])

@@ -3,7 +3,8 @@
 Derived from the same type hints and ``bounds`` metadata the codec validates against, so a new
 event type gets round-trip coverage without new test code.  Valid values span each field's FULL
 declared range: integers from ``lo`` to ``hi`` (the extremes included), any finite float in range
-(NaN/Inf where ``allow_nan``), strings of any non-surrogate characters up to ``max_len``, lists
+(NaN/Inf where ``allow_nan``), strings of any non-surrogate characters up to ``max_len`` (job and
+node names: any valid name, ``trainguard.schemas.names``), lists
 and dicts of scalars up to ``max_items`` (as long as the record stays a few MB).
 
 :func:`hostile_document` starts from a valid event and replaces one value anywhere in it with
@@ -49,6 +50,12 @@ _JSON = st.recursive(
 def _text(meta: dict[str, Any]) -> st.SearchStrategy[str]:
     max_len = meta.get("max_len")
     cap = max_len if max_len is not None else 1000
+    rule = meta.get("name")
+    if rule is not None:  # a job or node name: any valid one, the longest included
+        names = st.from_regex(rule.pattern, fullmatch=True)
+        return names | st.builds(
+            lambda c, n: c * n, st.sampled_from("aZ9_"), st.integers(1, cap) | st.just(cap)
+        )
     # Short random text, or one character repeated up to the limit (cheap even for 1 Mi characters).
     return st.text(CHARS, max_size=min(cap, 20)) | st.builds(
         lambda c, n: c * n, CHARS, st.integers(0, cap) | st.just(cap)
@@ -192,6 +199,8 @@ HOSTILE_VALUES: st.SearchStrategy[Any] = st.one_of(
     st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 1e20, -0.0, 0.5]),
     # strings: lone surrogates (escaped by json.dumps), control characters, huge
     st.sampled_from(["\ud800", "a\udfffb", "\udbff\udbff", "\x00", "x" * 70_000, "\u2028", "é" * 300]),
+    # names that are paths, options or no name at all (refused in job and node fields only)
+    st.sampled_from(["..", "../etc/passwd", "a/b", "-rf", ".hidden", "a b", "n" * 300, ""]),
     st.text(CHARS | st.characters(categories=["Cs"]), min_size=1, max_size=8),  # lone surrogates
     st.sampled_from(_CONTAINERS).map(lambda make: make()),
     st.none(),

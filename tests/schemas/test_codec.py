@@ -229,7 +229,11 @@ def _raw(head: str, **fields: str) -> bytes:
         (_raw(_DECISION, detection_ids='["a", "\\udbff"]'), "decision.detection_ids[1]: string holds"),
         (_raw(_DECISION, evidence='{"x": ["\\ud800"]}'), "decision.evidence.x[0]: string holds"),
         (_raw(_DECISION, evidence='{"\\ud800": 1}'), "decision.evidence: object key holds a lone"),
-        (_raw(_DECISION, targets='{"machines": ["\\udfff"]}'), "decision.targets.machines[0]: string"),
+        # a node name: the name rule says it (a surrogate is no letter), escaped
+        (
+            _raw(_DECISION, targets='{"machines": ["\\udfff"]}'),
+            "decision.targets.machines[0]: name '\\udfff' holds",
+        ),
         # a 4301-digit integer raised ValueError
         (_raw(_DECISION, evidence="9" * 4301), "not JSON: ValueError: Exceeds the limit (4300 digits)"),
         (_raw(_DECISION, ts_ms="-" + "9" * 4301), "not JSON: ValueError: Exceeds the limit"),

@@ -132,6 +132,28 @@ def test_an_undecodable_record_never_stops_an_agent(sink: bool) -> None:
     assert [d.stage for d in app.dead_letters()] == ([] if sink else ["decode", "decode"])
 
 
+def test_a_record_naming_a_job_with_a_path_is_dead_lettered_and_the_next_handled() -> None:
+    """A bad name is a decode error like any other: dead-lettered, never handed to an agent."""
+    ctx, app = make_ctx(sink_enabled=False)
+    handled: list[Event] = []
+
+    async def body(ev: Event) -> None:
+        handled.append(ev)
+
+    bad = encode(detection(1)).replace(b'"job":"job-x"', b'"job":"../../etc/x"')
+    assert bad != encode(detection(1))
+
+    async def run() -> None:
+        for i, raw in enumerate([bad, encode(detection(2))]):
+            await ctx.guard(event(raw, i), "decide", body)
+
+    asyncio.run(run())
+    assert [ev.detection_id for ev in handled if isinstance(ev, Detection)] == ["d2"]
+    (dl,) = app.dead_letters()
+    assert (dl.stage, dl.offset) == ("decode", 0)
+    assert "detection.job: name '../../etc/x' holds '/'" in dl.reason
+
+
 def test_a_followed_record_that_fails_is_dead_lettered_and_the_reader_goes_on() -> None:
     ctx, app = make_ctx()
     seen: list[bytes | None] = []

@@ -35,6 +35,7 @@ from trainguard.streams.exporter.flight_recorder import (
     FlightRecorderCollector,
     read_registrations,
 )
+from trainguard.streams.exporter.shared_dir import SharedDir
 from trainguard.streams.exporter.sources.process import TrackedProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -432,13 +433,14 @@ def test_a_fresh_registration_counts_where_its_pid_means_nothing(tmp_path: Path)
     the reporter keeps its registration fresh, so it is asked; a stale one is a gone rank's."""
     ranks = tmp_path / "ranks"
     ranks.mkdir()
+    fr = SharedDir(tmp_path)
     for rank in (0, 1):
         (ranks / f"{rank}.json").write_text(json.dumps({"rank": rank, "pid": 7, "job": "j"}))
     old = time.time() - 60
     os.utime(ranks / "1.json", (old, old))
-    assert sorted(read_registrations(ranks, lambda pid: False, fresh_s=20.0)) == [0]
-    assert read_registrations(ranks, lambda pid: False, fresh_s=0.0) == {}
-    assert sorted(read_registrations(ranks, lambda pid: True, fresh_s=0.0)) == [0, 1]
+    assert sorted(read_registrations(fr, lambda pid: False, fresh_s=20.0)) == [0]
+    assert read_registrations(fr, lambda pid: False, fresh_s=0.0) == {}
+    assert sorted(read_registrations(fr, lambda pid: True, fresh_s=0.0)) == [0, 1]
 
 
 def test_a_real_nccl_timeout_dump_is_shipped(tmp_path: Path) -> None:

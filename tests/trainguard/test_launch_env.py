@@ -235,8 +235,10 @@ def test_tasks_per_node_and_port_derivation() -> None:
 
 
 def test_config_refuses_bad_names_and_orders() -> None:
-    with pytest.raises(ValueError, match="non-empty, without blanks"):
+    with pytest.raises(ValueError, match="job name 'my job' holds ' ' at character 2"):
         LaunchConfig(job="my job")
+    with pytest.raises(ValueError, match="job name '-rf' starts with '-'"):
+        LaunchConfig(job="-rf")
     with pytest.raises(ValueError, match="permutation of tp, dp, pp"):
         LaunchConfig(job="j", order="tp-dp-ep")
 

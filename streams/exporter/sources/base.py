@@ -19,6 +19,12 @@ from trainguard.schemas.telemetry import SourceHealth
 from trainguard.streams.exporter.config import ExporterConfig
 from trainguard.streams.exporter.ranks import RankRegistry
 
+#: the ``source`` of the lines the exporter's own sources read from the kernel (``kernel_log``)
+#: and of NVML's Xid events (``nvml``).  A training process may not claim them (the ``reporter``
+#: source refuses it), so a line with one is the node's own: spooled last
+#: (``trainguard.streams.exporter.delivery.SpoolPriority``).
+KERNEL_SOURCES = frozenset({"kernel", "nvml"})
+
 
 class Source(Protocol):
     """Something the exporter samples periodically."""

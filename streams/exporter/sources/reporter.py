@@ -46,7 +46,7 @@ from typing import Any
 from trainguard.schemas.base import Event
 from trainguard.schemas.codec import DecodeError, decode
 from trainguard.schemas.workload import LogLine, ProcessExit, RankRegistration, TrainingStep
-from trainguard.streams.exporter.sources.base import SourceContext, register
+from trainguard.streams.exporter.sources.base import KERNEL_SOURCES, SourceContext, register
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,10 @@ def accept(raw: bytes, node: str, job: str) -> Event:
         raise Rejected("invalid", str(exc)) from None
     if not isinstance(event, ACCEPTED):
         raise Rejected("invalid", f"{event.TYPE!r} is not accepted from a training reporter")
+    if isinstance(event, LogLine) and event.source in KERNEL_SOURCES:
+        # The node's own sources' names: a line with one is spooled last and read as the
+        # kernel's (trainguard.streams.exporter.delivery.SpoolPriority), which a rank is not.
+        raise Rejected("invalid", f"a log line from a training process claims source {event.source!r}")
     changes: dict[str, Any] = {}
     if not event.node and node:
         changes["node"] = node
