@@ -3,7 +3,8 @@
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` or `scripts/test.sh -k store`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# The Kubernetes control plane too: the Kubernetes executor's tests run on it.
+TRAINGUARD_SETUP_K8S=1 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 # The checkout's own stack home (its servers, keys and state stay here, as they always did) unless
 # the caller names one; `trainguard` run by hand elsewhere defaults to ~/.local/share/trainguard.

@@ -3,7 +3,8 @@
 ``trainguard stack up --k8s``'s own code (:class:`trainguard.infra.stack.k8s.K8sCluster`) starts etcd,
 kube-apiserver, kube-scheduler, kube-controller-manager, kwok and the pod runner in a temporary
 stack home on free ports, once per test session, with eight kwok nodes ``n1``..``n8``.  The
-binaries come from ``scripts/setup.sh``'s build (cached per machine).
+binaries come from the test command's build (``TRAINGUARD_SETUP_K8S=1 scripts/setup.sh``, cached
+per machine).
 """
 
 from __future__ import annotations
