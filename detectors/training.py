@@ -46,6 +46,10 @@ class SpikeConfig:
     warmup: int = field(default=10, metadata=bounds(1, 100_000))
     #: after this many spikes in a row the level is taken as the new normal (baseline restarts).
     max_consecutive: int = field(default=20, metadata=bounds(1, 100_000))
+    #: and a spike must also rise this much above the median in absolute terms: a loss that has
+    #: converged to the noise floor (1e-5) jumps "5x" on an ordinary batch (measured: a small DDP
+    #: job at 7.5e-6 read 4.2e-5 as a spike); an LLM's loss spike is whole units.
+    min_delta: float = field(default=1e-3, metadata=bounds(0.0, 1e9))
 
 
 class SpikeDetector:
@@ -114,7 +118,8 @@ class SpikeDetector:
             recent = self._recent.setdefault(metric, deque(maxlen=self.config.window))
             if len(recent) >= self.config.warmup:
                 median = statistics.median(recent)
-                if median > 0 and value >= self.config.factor * median:
+                jump = value >= self.config.factor * median and value - median >= self.config.min_delta
+                if median > 0 and jump:
                     streak = self._streak.get(metric, 0) + 1
                     self._streak[metric] = streak
                     if streak >= self.config.max_consecutive:

@@ -274,3 +274,18 @@ def test_a_resumed_run_learns_its_loss_again_instead_of_calling_it_a_spike() -> 
         assert d.observe(float(step), {"loss": 0.9}, step=step, source=0) == []
     (spike,) = d.observe(64.0, {"loss": 9.0}, step=64, source=0)  # a real jump is still one
     assert spike.kind == "spike"
+
+
+def test_a_converged_loss_at_its_noise_floor_has_no_spikes() -> None:
+    """Measured on bench/own_job.py: a small DDP job's loss at 7.5e-6 read 4.2e-5 (5.6x) on one
+    batch as a loss spike; a spike must also rise ``min_delta`` above the median."""
+    d = SpikeDetector(SpikeConfig(warmup=3))
+    for step in range(10):
+        assert d.observe(float(step), {"loss": 7.5e-6}, step=step, source=0) == []
+    assert d.observe(10.0, {"loss": 4.2e-5}, step=10, source=0) == []
+    (spike,) = d.observe(11.0, {"loss": 0.5}, step=11, source=0)
+    assert spike.kind == "spike"
+    strict = SpikeDetector(SpikeConfig(warmup=3, min_delta=0.0))
+    for step in range(10):
+        strict.observe(float(step), {"loss": 7.5e-6}, step=step, source=0)
+    assert [f.kind for f in strict.observe(10.0, {"loss": 4.2e-5}, step=10, source=0)] == ["spike"]
