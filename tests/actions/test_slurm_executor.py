@@ -401,3 +401,43 @@ def test_usable_machines_are_the_allocations_nodes_slurm_does_not_drain(job: Tra
         10,
         "n2 usable again once resumed",
     )
+
+
+_FAKE_STEPS_SQUEUE = """#!/bin/sh
+# squeue -h -s -j J -o ...: the steps listed in $STEP_ROWS, then (second call on) $STEP_ROWS_AFTER.
+if [ -f "$STEP_ROWS.used" ]; then cat "$STEP_ROWS_AFTER"; else touch "$STEP_ROWS.used"; cat "$STEP_ROWS"; fi
+"""
+_FAKE_SCANCEL = """#!/bin/sh
+echo "scancel: error: Kill job error on job step id $1: Invalid job id specified" >&2
+exit 225
+"""
+
+
+@pytest.mark.parametrize("gone", [True, False])
+def test_a_step_that_ends_before_scancel_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gone: bool
+) -> None:
+    """The race of bench/own_job.py: srun's --kill-on-bad-exit ended the training step right after
+    a rank died, between the executor's listing and its scancel, which then failed ("Invalid job id
+    specified"); the recovery was held for an operator and the job left dead.  A step that is gone
+    is stopped; one still listed makes the failure a failure."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("squeue", _FAKE_STEPS_SQUEUE), ("scancel", _FAKE_SCANCEL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    rows, after = tmp_path / "rows", tmp_path / "after"
+    rows.write_text("12.0|tg-train|n[1-2]\n12.1|tg-exporter|n[1-5]\n")
+    after.write_text("12.1|tg-exporter|n[1-5]\n" if gone else "12.0|tg-train|n[1-2]\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("STEP_ROWS", str(rows))
+    monkeypatch.setenv("STEP_ROWS_AFTER", str(after))
+    ex = SlurmExecutor(
+        SlurmExecutorConfig(keep_steps=["tg-exporter"], stop_timeout_s=1.0),
+        ExecutorEnv(state_dir=tmp_path / "state"),
+    )
+    if gone:
+        ex._cancel_training("12", ctx("stop"))
+    else:
+        with pytest.raises((PermanentError, TemporaryError)):
+            ex._cancel_training("12", ctx("stop"))
