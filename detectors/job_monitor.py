@@ -64,6 +64,9 @@ class JobMonitor:
     #: the step at which the last hang suspicion was reported (one per stall); class-level
     #: default: a state document written before two-phase detection restores without it.
     _suspect_reported_at_step: int | None = None
+    #: rank (as a string: JSON state) -> event time (ms) of its newest step; class-level default
+    #: for a state document written before it (see :meth:`on_exit`).
+    _rank_step_ms: dict[str, int] | None = None
 
     def __init__(self, job: str, config: MonitorConfig | None = None) -> None:
         self.job = job
@@ -92,6 +95,10 @@ class JobMonitor:
     def on_step(self, e: TrainingStep, now_ms: int) -> list[Detection]:
         self.node_of[e.rank] = e.node or self.node_of.get(e.rank, "")
         self.alive[e.rank] = True
+        if self._rank_step_ms is None:
+            self._rank_step_ms = {}
+        key = str(e.rank)
+        self._rank_step_ms[key] = max(self._rank_step_ms.get(key, e.ts_ms), e.ts_ms)
         ts = e.ts_ms / 1000
         self.stall.update(e.rank, e.step, ts, e.step_time_s)
         if e.node:
@@ -120,7 +127,13 @@ class JobMonitor:
         return []
 
     def on_exit(self, e: ProcessExit, now_ms: int) -> list[Detection]:
-        if e.role is ProcessRole.MAIN and e.rank >= 0:
+        stepped_since = (self._rank_step_ms or {}).get(str(e.rank), -1) > e.ts_ms
+        if e.role is ProcessRole.MAIN and e.rank >= 0 and not stepped_since:
+            # An exit older than the rank's newest step is an earlier process's: the exits and the
+            # steps come on different topics, and one that arrived after the restarted rank's
+            # first steps marked the live rank dead for good -- so no hang was ever reported
+            # when it was stopped next (measured: bench/own_job.py, a SIGSTOP 15 s after a
+            # restart, the job left stalled).
             self.alive[e.rank] = False
             # None: ended with its status unseen (the exporter's word on a process it did not start).
             self.stopped.on_exit(e.rank, -e.signal if e.signal else e.exit_code)
