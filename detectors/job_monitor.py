@@ -173,6 +173,9 @@ class JobMonitor:
         out = self.settle.release(now_ms)  # secondary exits whose root cause never came
         stream_now = (stream_now_ms if stream_now_ms is not None else now_ms) / 1000
         status = recoveries or RecoveryStatus()
+        progress_ts = self.stall.last_progress()
+        if progress_ts is not None:
+            status.progressed(progress_ts)  # a hold the job has trained past is over
         # A job a recovery is stopping, restarting or holding makes no progress on purpose; after
         # it, the stall is counted from the recovery's end, not from the last step before it.
         busy = status.busy(stream_now, self.config.stopped.recovery_silence_s)
