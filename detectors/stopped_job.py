@@ -36,7 +36,6 @@ True
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from trainguard.detectors.findings import Finding
