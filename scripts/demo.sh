@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job (README): set up, start the real local stack, and run the end-to-end demo: a real
 # PyTorch job on a local cluster of 4 machines + warm standbys survives injected faults; the
-# timeline and the ETTR are printed at the end (12.8-13.9 minutes a run on 2 cores; the setup
+# timeline and the ETTR are printed at the end (12.7-13.2 minutes a run on 2 cores; the setup
 # installs only what the demo uses: the Kubernetes control plane is built by the test command or
 # on the first `trainguard stack up --k8s`).
 set -euo pipefail
