@@ -1,5 +1,5 @@
 """bench/readme_table.py turns a bench's JSON into the rows of bench/README.md: the demo's three
-runs at a2fa370, written as demo_runs.py writes runs.json, come back as the page's rows."""
+runs at e4920d1, written as demo_runs.py writes runs.json, come back as the page's rows."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def _run(wall_min: float, rec: int, ettr: float, base: float, low: float, det: t
 
 def test_demo_runs_rows_are_the_pages_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs = [
-        _run(12.8, 11, 0.934, 0.312, 0.860, (0.6, 2.1), (8.1, 15.0)),
-        _run(13.9, 10, 0.839, 0.368, 0.764, (1.0, 5.9), (9.8, 33.3)),
-        _run(13.4, 11, 0.925, 0.362, 0.841, (1.2, 5.3), (9.4, 22.1)),
+        _run(12.7, 12, 0.935, 0.239, 0.909, (1.2, 2.7), (8.5, 12.2)),
+        _run(13.2, 11, 0.923, 0.360, 0.832, (1.2, 2.7), (7.0, 23.5)),
+        _run(13.2, 11, 0.935, 0.346, 0.850, (1.0, 2.5), (6.5, 21.1)),
     ]
     path = tmp_path / "runs.json"
     path.write_text(json.dumps(runs, indent=2))
