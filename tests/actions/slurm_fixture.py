@@ -38,13 +38,12 @@ TRAIN_PY = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "train_r
 NODES = 6
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
-    home = tmp_path_factory.mktemp("slurm-home")
-    # Kafka/ClickHouse ports nobody listens on: nothing here may reach the running embedded stack.
+def private_stack_env(home: Path, nodes: int) -> dict[str, str]:
+    """The settings of a stack home of its own on free ports (Kafka, ClickHouse, a Slurm of
+    ``nodes`` nodes), as ``TRAINGUARD_*`` variables: it never meets the shared test stack."""
     kafka, controller, http, tcp = free_ports(4)
-    base = free_port_block(NODES + 1)  # slurmctld, then one port per slurmd
-    env = {
+    base = free_port_block(nodes + 1)  # slurmctld, then one port per slurmd
+    return {
         "TRAINGUARD_HOME": str(home),
         "TRAINGUARD__STACK__KAFKA_PORT": str(kafka),
         "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller),
@@ -53,6 +52,12 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         "TRAINGUARD__STACK__SLURM_CTLD_PORT": str(base),
         "TRAINGUARD__STACK__SLURM_FIRST_NODE_PORT": str(base + 1),
     }
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+    # Kafka/ClickHouse ports nobody listens on: nothing here may reach the running embedded stack.
+    env = private_stack_env(tmp_path_factory.mktemp("slurm-home"), NODES)
     cluster = Slurm(load_settings(environ=env).stack, nodes=NODES)
     try:
         cluster.start()

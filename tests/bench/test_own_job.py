@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.net import free_port_block, free_ports
+from tests.actions.slurm_fixture import private_stack_env
 from trainguard.infra.config import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,26 +71,11 @@ def test_the_verdict_needs_the_culprit_alone_and_training_again() -> None:
     assert not own_job.verdict({"false_evictions": [], "faults": [{**fault, "trains_again_s": None}]})
 
 
-def _private_stack_env(home: Path) -> dict[str, str]:
-    kafka, controller, http, tcp = free_ports(4)
-    base = free_port_block(8)  # slurmctld, then one port per slurmd (6 nodes)
-    return {
-        **os.environ,
-        "TRAINGUARD_HOME": str(home),
-        "TRAINGUARD__STACK__KAFKA_PORT": str(kafka),
-        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller),
-        "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": str(http),
-        "TRAINGUARD__STACK__CLICKHOUSE_TCP_PORT": str(tcp),
-        "TRAINGUARD__STACK__SLURM_CTLD_PORT": str(base),
-        "TRAINGUARD__STACK__SLURM_FIRST_NODE_PORT": str(base + 1),
-        "TRAINGUARD_PROGRESS": "0",
-    }
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_small_run_blames_the_culprits_node_alone(tmp_path: Path) -> None:
-    env = _private_stack_env(tmp_path / "home")
+    # A stack of its own (6 Slurm nodes: the guide's 5-node allocation and one more).
+    env = {**os.environ, **private_stack_env(tmp_path / "home", 6), "TRAINGUARD_PROGRESS": "0"}
     argv = [sys.executable, str(BENCH), "--json", "--train-s", "10", "--settle-s", "5"]
     argv += ["--faults", "sigkill,sigstop", "--out-dir", str(tmp_path / "runs")]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
