@@ -294,7 +294,7 @@ def _publish(ctx: click.Context, items: list[Any], timeout_s: float) -> tuple[li
     try:
         left_ms = int(timeout_s * 1000)
         # Both bounded: kafka-python waits 30 s for a first broker by default, and a prolog must not.
-        extra = {"max_block_ms": left_ms, "bootstrap_timeout_ms": left_ms, "request_timeout_ms": left_ms}
+        extra = {"max_block_ms": left_ms, "bootstrap_timeout_ms": left_ms}
         producer = EventProducer(settings(ctx).kafka, linger_ms=0, extra=extra)
         futures = []
         for i, item in enumerate(items):
