@@ -168,6 +168,14 @@ def test_kafka_away_leaves_the_records_pending_and_exits_0(tmp_path: Path) -> No
     assert res.exit_code == 1 and "NOT kept anywhere" in res.output
 
 
+def test_an_unwritable_log_dir_is_a_warning_not_a_crash(tmp_path: Path) -> None:
+    blocker = tmp_path / "log"
+    blocker.write_text("a file where the directory should be")
+    res = _record(tmp_path, "--log-dir", str(blocker / "sub"))
+    assert res.exit_code == 0 and "WARNING: cannot keep the record in" in res.output
+    assert "not kept (no --log-dir, no Kafka)" in res.output
+
+
 def test_damaged_pending_records_are_set_aside_not_resent_forever(tmp_path: Path) -> None:
     from trainguard.commands.preflight import _load
 

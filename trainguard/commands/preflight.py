@@ -212,9 +212,12 @@ def record_cmd(
     kept: list[Path] = []
     if log_dir:
         node_dir = Path(log_dir) / node
-        node_dir.mkdir(parents=True, exist_ok=True)
-        _prune(node_dir, keep_days)
-        kept.append(_write_pending(node_dir, event))
+        try:
+            node_dir.mkdir(parents=True, exist_ok=True)
+            _prune(node_dir, keep_days)
+            kept.append(_write_pending(node_dir, event))
+        except OSError as exc:  # a full or read-only disk: Kafka may still take the record
+            click.echo(f"WARNING: cannot keep the record in {node_dir}: {exc.strerror or exc}", err=True)
     configured = bool(ctx.find_root().ensure_object(dict).get("config_path"))
     wanted = publish == "yes" or (publish == "auto" and configured)
     summary = f"node check {event.check_id[:12]} of {node}: {v.outcome.value}, {action_taken}"
