@@ -7,7 +7,8 @@ same host is never touched.  The N nodes are one ``slurmd`` each (``slurmd -N nX
 127.0.0.1 -- several ``slurmd`` per host work when each has its own node name and port.
 
 Clients reach this cluster with ``SLURM_CONF=<home>/slurm/slurm.conf`` (:meth:`Slurm.env`); the
-conf's ``AuthInfo=socket=...`` points them at the private munge socket.
+conf's ``AuthInfo=socket=...`` points them at the private munge socket.  ``stack.slurm_prolog``
+adds a ``Prolog`` (TrainGuard's preflight, ``infra/deploy/prolog.sh``), off by default.
 """
 
 from __future__ import annotations
