@@ -21,9 +21,15 @@ from trainguard.schemas.telemetry import CheckAction, CheckOutcome, NodeCheck
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PASS = {"test": "gpu-health", "passed": None, "skipped_reason": "no GPU", "findings": [], "duration_s": 0.1}
-DIGEST_OK = {"test": "gemm-digest", "passed": True, "findings": [], "duration_s": 2.5}
-DIGEST_BAD = {
+PASS: dict[str, Any] = {
+    "test": "gpu-health",
+    "passed": None,
+    "skipped_reason": "no GPU",
+    "findings": [],
+    "duration_s": 0.1,
+}
+DIGEST_OK: dict[str, Any] = {"test": "gemm-digest", "passed": True, "findings": [], "duration_s": 2.5}
+DIGEST_BAD: dict[str, Any] = {
     "test": "gemm-digest",
     "passed": False,
     "findings": ["cpu: digest 9f86d081884c7d65... differs from the expected 00000000000000..."],

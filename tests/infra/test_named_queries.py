@@ -10,6 +10,7 @@ from trainguard.detectors.node_inspector import NodeInspector
 from trainguard.infra.clickhouse import named
 from trainguard.infra.clickhouse.named import QueryError
 from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.schemas.base import Event
 from trainguard.schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, Detection, Targets
 from trainguard.schemas.enums import Action, Severity
 from trainguard.schemas.telemetry import CheckAction, CheckOutcome, NodeCheck
@@ -284,7 +285,7 @@ def test_dead_letters(incidents_store: ClickHouseStore) -> None:
 def test_node_checks(store: ClickHouseStore) -> None:
     """Preflight records of three runs on two nodes: the failing one listed, the passing ones only
     with failed_only = 0, and one node's alone."""
-    checks = [
+    checks: list[Event] = [
         NodeCheck(check_id="c1", node="n1", ts_ms=T0, origin="slurm-prolog", job="41", outcome=CheckOutcome.FAILED,
                   action=CheckAction.DRAINED, failed_tests=["gemm-digest"], reason="trainguard preflight: gemm-digest: x"),
         NodeCheck(check_id="c2", node="n2", ts_ms=T0 + 1, origin="slurm-prolog", job="41"),
