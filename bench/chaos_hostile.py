@@ -53,6 +53,7 @@ from trainguard.schemas.telemetry import (
     HostSample,
     NicSample,
     NicSampleBatch,
+    NodeCheck,
 )
 from trainguard.schemas.topics import (
     COMMANDS,
@@ -104,6 +105,7 @@ OUT_OF_RANGE: dict[str, list[tuple[str, Any]]] = {
     "action_event": [("duration_ms", -1.0)],
     "command": [("args", {"x": "\ud800"})],
     "job_spec": [("topology", {"job": "j", "tp": 0})],
+    "node_check": [("duration_s", -1.0), ("node", "")],
 }
 
 #: an exporter that runs only the sources a scenario needs (kernel log, heartbeat, commands).
@@ -158,6 +160,7 @@ def sample(topic: Topic, tag: str) -> Event:
         ),
         JobSpec: lambda: job_spec(job, 2),
         DeadLetter: lambda: DeadLetter(ts_ms=ts, topic="trainguard.telemetry.gpu", reason="fuzz"),
+        NodeCheck: lambda: NodeCheck(check_id=unique("chk"), node=node, ts_ms=ts, origin="fuzz"),
     }
     return by_type[topic.event]()
 

@@ -216,6 +216,15 @@ class StackConfig:
     slurm_ctld_port: int = field(default=16817, metadata=_PORT)
     #: node nX's slurmd listens on ``slurm_first_node_port + X - 1``.
     slurm_first_node_port: int = field(default=17001, metadata=_PORT)
+    #: a Slurm Prolog for the private cluster (``Prolog=``: an absolute path, e.g. TrainGuard's
+    #: preflight ``infra/deploy/prolog.sh``); empty: no prolog.  Set, the conf also gets
+    #: ``PrologFlags=Alloc,DeferBatch`` (every node of a job runs it at allocation, the batch script
+    #: starts when all passed) and, unless ``slurm_prolog_hold``, ``SchedulerParameters=
+    #: nohold_on_prolog_fail`` (a job whose prolog failed is requeued to start on other nodes).
+    slurm_prolog: str = ""
+    #: with ``slurm_prolog``: a job whose prolog failed is requeued held (it waits for an operator's
+    #: ``scontrol release``), Slurm's default, instead of starting on other nodes.
+    slurm_prolog_hold: bool = False
     #: the private Kubernetes control plane of ``stack up --k8s`` (nodes n1..nN, kwok-managed).
     k8s_nodes: int = field(default=12, metadata=bounds(1, 500))
     k8s_etcd_port: int = field(default=12379, metadata=_PORT)

@@ -49,6 +49,8 @@ NAMES = bounds(max_len=256, max_items=MAX_RANKS_LISTED)
 JOB = bounds(max_len=names.JOB_NAME_MAX, name=names.JOB)
 #: ... and where "" says "no job" (a kernel log line of an idle node).
 JOB_OR_NONE = bounds(max_len=names.JOB_NAME_MAX, name=names.JOB_OR_NONE)
+#: a node name where one must be named (a node check's node) ...
+NODE = bounds(max_len=names.NODE_NAME_MAX, name=names.NODE)
 #: a node name, or "" where a field may name no node (filled in by the exporter that takes it).
 NODE_OR_NONE = bounds(max_len=names.NODE_NAME_MAX, name=names.NODE_OR_NONE)
 #: a list of node names (a job's machines, its standbys, a decision's targets): each one there.

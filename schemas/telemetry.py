@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from trainguard.schemas.base import Event, register
-from trainguard.schemas.limits import JOB_OR_NONE, NAME, NODE_OR_NONE, TS_MS, U64
+from trainguard.schemas.limits import ID, JOB_OR_NONE, JSON, NAME, NODE, NODE_OR_NONE, TEXT, TS_MS, U64
 from trainguard.schemas.typecheck import bounds
 
 
@@ -221,3 +222,52 @@ class Heartbeat(Event):
     nics_skipped: list[SkippedNic] = field(default_factory=list, metadata=bounds(max_items=MAX_NICS_LISTED))
     #: ... and how many it skipped in all.
     nics_skipped_total: int = field(default=0, metadata=U64)
+
+
+class CheckOutcome(StrEnum):
+    """What a run of node tests said about the node."""
+
+    PASSED = "passed"  # every test passed or was skipped
+    FAILED = "failed"  # a test failed (or the run hung past its time limit)
+    ERROR = "error"  # the tests could not judge the node (not installed, bad settings, a crash)
+
+
+class CheckAction(StrEnum):
+    """What was done to the node because of a check (the scheduler's word for it)."""
+
+    NONE = "none"  # nothing to do: passed, or an error the policy lets pass
+    DRAINED = "drained"  # Slurm: scontrol update State=DRAIN with TrainGuard's reason
+    CORDONED = "cordoned"  # Kubernetes: spec.unschedulable and TrainGuard's annotations
+    WARNED = "warned"  # policy warn: recorded only, the job starts on the node
+    DRAIN_FAILED = "drain_failed"  # the drain (or cordon) was refused or timed out
+
+
+@register
+@dataclass(frozen=True)
+class NodeCheck(Event):
+    """One run of ``trainguard diag`` on a node and what came of it: a preflight before a job (a
+    Slurm prolog, a Kubernetes init container) or a manual run.  Keyed by node; the history of a
+    node's checks is what says whether it failed before.
+
+    ``results`` holds each test's JSON result as ``trainguard diag --json`` prints it, by test
+    name; ``reason`` is the one line the scheduler shows (``trainguard preflight: <test>:
+    <finding>``), empty when the node passed.
+    """
+
+    TYPE = "node_check"
+    check_id: str = field(metadata=ID)
+    node: str = field(metadata=NODE)
+    ts_ms: int = field(metadata=TS_MS)
+    #: who ran it: ``slurm-prolog``, ``k8s-init``, ``manual``.
+    origin: str = field(metadata=NAME)
+    #: the scheduler's job the check ran for (a Slurm job id, a pod name); "" when none.
+    job: str = field(default="", metadata=JOB_OR_NONE)
+    level: str = field(default="quick", metadata=NAME)
+    outcome: CheckOutcome = CheckOutcome.PASSED
+    action: CheckAction = CheckAction.NONE
+    #: the policy the action followed (``drain``: take the node out; ``warn``: record only).
+    policy: str = field(default="drain", metadata=NAME)
+    failed_tests: list[str] = field(default_factory=list, metadata=bounds(max_len=256, max_items=1024))
+    reason: str = field(default="", metadata=TEXT)
+    duration_s: float = field(default=0.0, metadata=bounds(0, 1e7))
+    results: dict[str, Any] = field(default_factory=dict, metadata=JSON)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trainguard.schemas.base import Event
 from trainguard.schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
-from trainguard.schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
+from trainguard.schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch, NodeCheck
 from trainguard.schemas.workload import (
     FlightRecorderDump,
     LogLine,
@@ -61,6 +61,15 @@ HOST = _t("telemetry.host", HostSample, "node", 8, "CPU/memory/disk of a node")
 NIC = _t("telemetry.nic", NicSampleBatch, "node", 8, "Ethernet/InfiniBand interfaces of a node")
 LOGS = _t("telemetry.logs", LogLine, "node", 8, "kernel log and training stdout/stderr lines")
 HEARTBEATS = _t("telemetry.heartbeats", Heartbeat, "node", 4, "liveness of exporters/workers/services")
+# Kept a month: whether a node failed its checks before is asked weeks later.
+NODE_CHECKS = _t(
+    "telemetry.nodechecks",
+    NodeCheck,
+    "node",
+    4,
+    "node test runs (preflight before a job) and what was done to the node",
+    retention_ms=30 * DAY_MS,
+)
 STEPS = _t("training.steps", TrainingStep, "job", 8, "per-rank step telemetry")
 # As many partitions as the steps topic: a job's exits and steps meet on the same worker.
 EXITS = _t("training.exits", ProcessExit, "job", 8, "training process exits")
@@ -108,6 +117,7 @@ TOPICS: tuple[Topic, ...] = (
     NIC,
     LOGS,
     HEARTBEATS,
+    NODE_CHECKS,
     STEPS,
     EXITS,
     LIVENESS,

@@ -34,7 +34,7 @@ from typing import Any, Union
 
 from trainguard.schemas.base import Event
 from trainguard.schemas.control import ActionEvent, Command, DeadLetter, Decision, Detection, JobSpec
-from trainguard.schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch
+from trainguard.schemas.telemetry import GpuSampleBatch, Heartbeat, HostSample, NicSampleBatch, NodeCheck
 from trainguard.schemas.typecheck import bounds, to_plain
 from trainguard.schemas.workload import (
     FlightRecorderDump,
@@ -349,6 +349,7 @@ SPECS: tuple[TableSpec, ...] = (
             Arrays("nics_skipped", {"nics_skipped_names": "name", "nics_skipped_reasons": "reason"}),
         ),
     ),
+    TableSpec("node_checks", NodeCheck),
     TableSpec("training_steps", TrainingStep),
     TableSpec(
         "log_lines",

@@ -7,7 +7,8 @@ same host is never touched.  The N nodes are one ``slurmd`` each (``slurmd -N nX
 127.0.0.1 -- several ``slurmd`` per host work when each has its own node name and port.
 
 Clients reach this cluster with ``SLURM_CONF=<home>/slurm/slurm.conf`` (:meth:`Slurm.env`); the
-conf's ``AuthInfo=socket=...`` points them at the private munge socket.
+conf's ``AuthInfo=socket=...`` points them at the private munge socket.  ``stack.slurm_prolog``
+adds a ``Prolog`` (TrainGuard's preflight, ``infra/deploy/prolog.sh``), off by default.
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ NodeName={nodes} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports} CPUs={cp
 PartitionName={partition} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 """
 
+_PROLOG = """\
+# stack.slurm_prolog: every node of a job runs the prolog when the job is allocated (Alloc), before
+# any of its steps; the batch script starts once it passed on all of them (DeferBatch).  A failed
+# prolog drains the node and requeues the job{hold_note}.
+Prolog={prolog}
+PrologFlags=Alloc,DeferBatch
+"""
+_NOHOLD = "SchedulerParameters=nohold_on_prolog_fail\n"
+
 
 @dataclass(frozen=True)
 class SlurmConfig:
@@ -76,8 +86,13 @@ class SlurmConfig:
     #: node nX listens on ``first_node_port + X - 1``.
     first_node_port: int = field(default=17001, metadata=_PORT)
     partition: str = "train"
+    #: ``Prolog=`` (absolute path) and whether a failed one holds the job (``stack.slurm_prolog*``).
+    prolog: str = ""
+    prolog_hold: bool = False
 
     def __post_init__(self) -> None:
+        if self.prolog and not os.path.isabs(self.prolog):
+            raise ValueError(f"slurm prolog {self.prolog!r} must be an absolute path (slurmd runs it from /)")
         # The schema bounds are checked by load_config; a direct construction is checked here.
         if not 1 <= self.nodes <= 64:
             raise ValueError("slurm nodes must be between 1 and 64")
@@ -94,6 +109,8 @@ class SlurmConfig:
             cpus_per_node=cfg.slurm_cpus_per_node,
             ctld_port=cfg.slurm_ctld_port,
             first_node_port=cfg.slurm_first_node_port,
+            prolog=cfg.slurm_prolog,
+            prolog_hold=cfg.slurm_prolog_hold,
         )
 
     @property
@@ -107,7 +124,7 @@ class SlurmConfig:
 
 def slurm_conf(cfg: SlurmConfig, dir: Path, munge_socket: Path) -> str:
     last = cfg.first_node_port + cfg.nodes - 1
-    return _CONF.format(
+    conf = _CONF.format(
         dir=dir,
         ctld_port=cfg.ctld_port,
         first_node_port=cfg.first_node_port,
@@ -118,6 +135,11 @@ def slurm_conf(cfg: SlurmConfig, dir: Path, munge_socket: Path) -> str:
         mem=cfg.memory_mb_per_node,
         partition=cfg.partition,
     )
+    if not cfg.prolog:
+        return conf
+    hold_note = " held, until released" if cfg.prolog_hold else ", to start on other nodes (no hold)"
+    conf += _PROLOG.format(prolog=cfg.prolog, hold_note=hold_note)
+    return conf if cfg.prolog_hold else conf + _NOHOLD
 
 
 #: long node states (sinfo %T) of a node that registered and answers; a trailing ``*`` means it
@@ -232,6 +254,7 @@ class Slurm:
             started.append("munged")
             wait_until(self.munge_socket.exists, 20, "munged", self.munged)
         if self.ctld.pid() is None:
+            self._check_prolog()
             self.conf_file.write_text(slurm_conf(self.cfg, self.dir, self.munge_socket))
             for node in self.cfg.node_names:
                 (self.dir / "spool" / node).mkdir(parents=True, exist_ok=True)
@@ -245,6 +268,14 @@ class Slurm:
                 proc.start([slurmd, "-D", "-f", str(self.conf_file), "-N", node], env=self.env())
                 started.append(f"slurmd {node}")
         return started
+
+    def _check_prolog(self) -> None:
+        """A configured prolog must be there and executable: slurmd would fail every job's prolog
+        (draining each node) and say why only in its log."""
+        path = self.cfg.prolog
+        if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            why = "is not executable" if os.path.isfile(path) else "does not exist"
+            raise StackError(f"stack.slurm_prolog: {path} {why}")
 
     def _ensure_key(self) -> None:
         """A private munge key in the home: copied from the package's when readable, else random."""

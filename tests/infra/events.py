@@ -16,6 +16,8 @@ from trainguard.schemas.control import (
 )
 from trainguard.schemas.enums import Action, ProcessRole, Severity
 from trainguard.schemas.telemetry import (
+    CheckAction,
+    CheckOutcome,
     DiskUsage,
     GpuSample,
     GpuSampleBatch,
@@ -24,6 +26,7 @@ from trainguard.schemas.telemetry import (
     HostSample,
     NicSample,
     NicSampleBatch,
+    NodeCheck,
     SourceHealth,
 )
 from trainguard.schemas.topology import JobTopology
@@ -217,5 +220,18 @@ def one_of_each(job: str, ts_ms: int) -> list[Event]:
             ts_ms=ts_ms,
             topology=JobTopology(job=job, tp=2, pp=2, dp=1, ranks_per_machine=4, machines=[node]),
             standbys=[f"{job}-standby0"],
+        ),
+        NodeCheck(
+            check_id=f"{job}-check",
+            node=node,
+            ts_ms=ts_ms,
+            origin="slurm-prolog",
+            job="4242",
+            outcome=CheckOutcome.FAILED,
+            action=CheckAction.DRAINED,
+            failed_tests=["gemm-digest"],
+            reason="trainguard preflight: gemm-digest: cuda:0: digest 1f2e... differs from the majority",
+            duration_s=12.5,
+            results={"gemm-digest": {"test": "gemm-digest", "passed": False, "findings": ["cuda:0: ..."]}},
         ),
     ]

@@ -10,8 +10,10 @@ from trainguard.detectors.node_inspector import NodeInspector
 from trainguard.infra.clickhouse import named
 from trainguard.infra.clickhouse.named import QueryError
 from trainguard.infra.clickhouse.store import ClickHouseStore
+from trainguard.schemas.base import Event
 from trainguard.schemas.control import ActionEvent, ActionPhase, DeadLetter, Decision, Detection, Targets
 from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.telemetry import CheckAction, CheckOutcome, NodeCheck
 from trainguard.schemas.workload import LogLine, TrainingStep
 from trainguard.streams.shadow_loader import LoaderEvent
 
@@ -35,6 +37,7 @@ def test_the_package_ships_the_postmortem_queries() -> None:
         "placement",
         "loader_takeovers",
         "dead_letters",
+        "node_checks",
     }
     assert wanted <= set(ALL)
     for q in ALL.values():
@@ -277,6 +280,31 @@ def test_ettr_and_training_curve(incidents_store: ClickHouseStore) -> None:
 def test_dead_letters(incidents_store: ClickHouseStore) -> None:
     (dl,) = ALL["dead_letters"].run(incidents_store)
     assert (dl["topic"], dl["reason"], dl["records"]) == ("trainguard.telemetry.gpu", "bad json", 2)
+
+
+def test_node_checks(store: ClickHouseStore) -> None:
+    """Preflight records of three runs on two nodes: the failing one listed, the passing ones only
+    with failed_only = 0, and one node's alone."""
+    checks: list[Event] = [
+        NodeCheck(check_id="c1", node="n1", ts_ms=T0, origin="slurm-prolog", job="41", outcome=CheckOutcome.FAILED,
+                  action=CheckAction.DRAINED, failed_tests=["gemm-digest"], reason="trainguard preflight: gemm-digest: x"),
+        NodeCheck(check_id="c2", node="n2", ts_ms=T0 + 1, origin="slurm-prolog", job="41"),
+        NodeCheck(check_id="c3", node="n2", ts_ms=T0 + 2, origin="k8s-init", job="llm-0"),
+    ]  # fmt: skip
+    store.insert_events(checks + checks[:1])  # a record resent after an outage stays one row
+    (bad,) = ALL["node_checks"].run(store)
+    assert (bad["node"], bad["job"], bad["outcome"], bad["action"], bad["failed_tests"]) == (
+        "n1",
+        "41",
+        "failed",
+        "drained",
+        ["gemm-digest"],
+    )
+    assert [r["ts_ms"] for r in ALL["node_checks"].run(store, failed_only=0)] == [T0 + 2, T0 + 1, T0]
+    assert [r["origin"] for r in ALL["node_checks"].run(store, node="n2", failed_only=0)] == [
+        "k8s-init",
+        "slurm-prolog",
+    ]
 
 
 def test_every_query_runs_on_an_empty_database(store: ClickHouseStore) -> None:

@@ -224,8 +224,8 @@ def _rows(event: Event) -> list[dict[str, Any]]:
 
 def test_declared_overrides_give_the_expected_rows() -> None:
     t = 1_700_000_000_123
-    gpu, host, nic, hb, step, log, _exit, live, stack, fr, _det, dec, act, _cmd, _dead, spec = one_of_each(
-        "j", t
+    gpu, host, nic, hb, step, log, _exit, live, stack, fr, _det, dec, act, _cmd, _dead, spec, check = (
+        one_of_each("j", t)
     )
     when = datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
 
@@ -307,6 +307,16 @@ def test_declared_overrides_give_the_expected_rows() -> None:
     assert (j["tp"], j["pp"], j["dp"], j["ranks_per_machine"], j["rank_order"]) == (2, 2, 1, 4, "tp-dp-pp")
     assert (j["machines"], j["standbys"]) == (["j-node0"], ["j-standby0"])
     assert json.loads(j["spec_json"])["topology"]["job"] == "j" and "overrides" not in j
+
+    (c,) = _rows(check)
+    assert (c["node"], c["outcome"], c["action"], c["failed_tests"], c["ts"]) == (
+        "j-node0",
+        "failed",
+        "drained",
+        ["gemm-digest"],
+        when,
+    )
+    assert json.loads(c["results"])["gemm-digest"]["passed"] is False
 
 
 # -- property: every valid event maps to rows of exactly its table's columns ------------------------
