@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.actions.slurm_fixture import private_stack_env
 from tests.infra.test_prolog import PROLOG, trainguard_shim
-from tests.net import free_port_block, free_ports
 from tests.waiting import wait_until
 from trainguard.actions.executors.slurm import expand_hostlist, parse_record
 from trainguard.infra.config import load_settings
@@ -50,17 +50,8 @@ def cluster(tmp_path: Path) -> Iterator[Slurm]:
     wrapper = tmp_path / "prolog.sh"
     wrapper.write_text(f"#!/bin/bash\nexport TRAINGUARD_PREFLIGHT_ENV={env_file}\nexec /bin/bash {PROLOG}\n")
     wrapper.chmod(0o755)
-    home = tmp_path / "home"
-    kafka, controller, http, tcp = free_ports(4)
-    base = free_port_block(4)
     env = {
-        "TRAINGUARD_HOME": str(home),
-        "TRAINGUARD__STACK__KAFKA_PORT": str(kafka),
-        "TRAINGUARD__STACK__KAFKA_CONTROLLER_PORT": str(controller),
-        "TRAINGUARD__STACK__CLICKHOUSE_HTTP_PORT": str(http),
-        "TRAINGUARD__STACK__CLICKHOUSE_TCP_PORT": str(tcp),
-        "TRAINGUARD__STACK__SLURM_CTLD_PORT": str(base),
-        "TRAINGUARD__STACK__SLURM_FIRST_NODE_PORT": str(base + 1),
+        **private_stack_env(tmp_path / "home", 3),
         "TRAINGUARD__STACK__SLURM_PROLOG": str(wrapper),
     }
     slurm = Slurm(load_settings(environ=env).stack, nodes=3)
