@@ -1,10 +1,11 @@
 """The chaos suite (``bench/chaos.py``) at its small size, one test per scenario.
 
-One run of ``bench/chaos.py --small --json`` with every scenario, in a subprocess, serves the
-module: the script starts a private stack of its own (temporary home, free ports, signing on),
-runs the scenarios one after another on it (stopping each one's processes before the next, as a
-full bench run does) and stops it before it exits, so these tests never touch the shared stack
-the other integration tests use.  One private stack for the nine scenarios instead of one each.
+One run of ``bench/chaos.py --small --json`` with eight of the scenarios, in a subprocess, serves
+the module: the script starts a private stack of its own (temporary home, free ports, signing
+on), runs the scenarios one after another on it (stopping each one's processes before the next,
+as a full bench run does) and stops it before it exits, so these tests never touch the shared
+stack the other integration tests use.  Two private stacks in all (``hostile_tenant`` runs on
+its own) instead of one per scenario.
 Each test asserts its scenario passed and the counts behind that verdict.
 """
 
@@ -20,14 +21,15 @@ from typing import Any
 
 import pytest
 
-#: The whole run's bound: the nine small scenarios and one stack up and down (it was nine runs of
-#: at most 540 s each, each with a stack of its own).
+#: One run's bound: eight small scenarios and one stack up and down (it was nine runs of at most
+#: 540 s each, each with a stack of its own).
 RUN_TIMEOUT_S = 2400
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
 #: ``chaos(name)`` in a test: that scenario's result.
 Result = Callable[[str], dict[str, Any]]
 CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
-SCENARIOS = (
+#: The scenarios that share one private stack, in the script's order.
+SHARED = (
     "broker_kill",
     "clickhouse_outage",
     "worker_kill",
@@ -35,9 +37,11 @@ SCENARIOS = (
     "fuzz_flood",
     "forged_control",
     "evict_storm",
-    "hostile_tenant",
     "name_injection",
 )
+#: Run on a stack of their own: hostile_tenant restarts the broker, which, on the data the eight
+#: others left, did not answer within `stack up`'s 90 s on a loaded two-core host.
+OWN_STACK = ("hostile_tenant",)
 
 
 def run_chaos(scenarios: tuple[str, ...], timeout_s: float) -> tuple[dict[str, dict[str, Any]], str]:
@@ -66,17 +70,28 @@ def run_chaos(scenarios: tuple[str, ...], timeout_s: float) -> tuple[dict[str, d
     return results, err
 
 
+Run = tuple[dict[str, dict[str, Any]], str]
+
+
 @pytest.fixture(scope="module")
-def chaos_run() -> tuple[dict[str, dict[str, Any]], str]:
-    return run_chaos(SCENARIOS, RUN_TIMEOUT_S)
+def chaos_runs() -> Callable[[tuple[str, ...]], Run]:
+    """``run(group)``: one run of the script for a group of scenarios, made once per module."""
+    done: dict[tuple[str, ...], Run] = {}
+
+    def run(group: tuple[str, ...]) -> Run:
+        if group not in done:
+            done[group] = run_chaos(group, RUN_TIMEOUT_S)
+        return done[group]
+
+    return run
 
 
 @pytest.fixture
-def chaos(chaos_run: tuple[dict[str, dict[str, Any]], str]) -> Result:
+def chaos(chaos_runs: Callable[[tuple[str, ...]], Run]) -> Result:
     """``chaos(name)``: that scenario's result, asserted passed with every key of the verdict."""
-    results, err = chaos_run
 
     def result(scenario: str) -> dict[str, Any]:
+        results, err = chaos_runs((scenario,) if scenario in OWN_STACK else SHARED)
         res = results[scenario]
         for key in ("passed", "produced", "stored", "lost", "duplicated", "accepted_forged", "notes"):
             assert key in res, key
