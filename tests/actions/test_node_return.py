@@ -95,7 +95,7 @@ def test_evicted_repaired_validated_returned(svc: tuple[NodeReturn, RecordingSch
     assert nr.sync() == []  # read again: nothing new
     clock.now = T0 + 1000
     new = nr.repaired("n1", "alice", "req-1")
-    assert [(t.to_state.value, t.by) for t in new][0] == ("validating", "alice")
+    assert (new[0].to_state.value, new[0].by) == ("validating", "alice")
     assert sched.calls == [("validate", "n1"), ("resume", "n1")]
     assert states(nr, "n1") == ["evicted", "validating", "returned"]
     last = nr.transitions.history("n1")[-1]
