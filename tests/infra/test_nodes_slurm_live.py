@@ -13,6 +13,7 @@ it fail.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import uuid
@@ -21,12 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from tests.actions.slurm_fixture import private_stack_env
 from trainguard.actions.node_config import NodeReturnConfig
 from trainguard.actions.node_return import NodeReturn, TransitionStore
 from trainguard.actions.node_slurm import SlurmNodes
 from trainguard.actions.node_states import TransitionRefused
+from trainguard.commands.nodes import nodes
 from trainguard.infra.clickhouse import named
 from trainguard.infra.clickhouse.store import ClickHouseStore
 from trainguard.infra.config import load_settings
@@ -128,6 +131,21 @@ def test_repaired_node_is_validated_and_resumed_and_a_second_eviction_quarantine
     with pytest.raises(TransitionRefused, match="quarantined"):
         nr.repaired("n1", "alice", "req-3")
     assert node(cluster, "n1")["state"].startswith("drain")
+
+    # The same through the command line: refused with what to do, and listed as quarantined.
+    settings = replace(
+        load_settings(environ={}),
+        clickhouse=chdb.cfg,
+        components={"nodes": {"slurm_conf": str(cluster.conf_file)}},
+    )
+    res = CliRunner().invoke(nodes, ["repaired", "n1", "--by", "alice"], obj={"settings": settings})
+    assert res.exit_code == 1 and "a person releases it with `trainguard nodes release`" in res.output, (
+        res.output
+    )
+    res = CliRunner().invoke(nodes, ["list", "--json"], obj={"settings": settings})
+    assert res.exit_code == 0, res.output
+    (listed,) = map(json.loads, res.output.splitlines())
+    assert (listed["node"], listed["state"], listed["evictions_in_window"]) == ("n1", "quarantined", 2)
 
     rows = named.get("node_transitions").run(chdb, node="n1")
     assert [(r["from_state"], r["to_state"], r["cause"]) for r in rows] == [
