@@ -15,14 +15,15 @@ bodies are plain functions, checked without a cluster.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from dataclasses import replace
 from typing import Any
 
+from trainguard.actions.errors import SchedulerError, UnknownNode
 from trainguard.actions.executors.kubernetes import EVICT_TAINT, EVICTED_BY
 from trainguard.actions.node_config import NodeReturnConfig
-from trainguard.actions.node_slurm import SchedulerError, UnknownNode
 from trainguard.diag.preflight import Verdict, judge
 
 #: the annotation with the reason a node is held (quarantine, failed validation).
@@ -60,7 +61,7 @@ def pod_name(node: str, now_ms: int) -> str:
     """A validation pod's name: readable, unique per node and start.
 
     >>> pod_name("GPU_Node.01", 5)
-    'tg-validate-gpu-node-01-2b3a86a5'
+    'tg-validate-gpu-node-01-dfcada76'
     """
     digest = hashlib.sha256(f"{node}\0{now_ms}".encode()).hexdigest()[:8]
     base = re.sub(r"[^a-z0-9-]+", "-", node.lower()).strip("-")[:40] or "x"
@@ -143,8 +144,6 @@ class KubernetesNodes:
 
 def _lines(text: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The diag result objects in a pod's log (other lines -- a runtime's warnings -- are skipped)."""
-    import json
-
     out: list[dict[str, Any]] = []
     for raw in text.splitlines():
         raw = raw.strip()

@@ -23,6 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from trainguard.actions.errors import SchedulerError, UnknownNode
 from trainguard.actions.executors.slurm import node_flags, parse_record
 from trainguard.actions.node_config import NodeReturnConfig
 from trainguard.diag.preflight import Verdict, judge, read_results
@@ -30,14 +31,6 @@ from trainguard.diag.preflight import Verdict, judge, read_results
 _DRAINED = {"DRAIN", "DRAINED", "DRAINING"}
 #: how long a Slurm query or update may take.
 COMMAND_TIMEOUT_S = 20.0
-
-
-class SchedulerError(RuntimeError):
-    """Slurm refused or did not answer (the message quotes it)."""
-
-
-class UnknownNode(SchedulerError):
-    """The scheduler has no node of that name."""
 
 
 class SlurmNodes:
@@ -57,6 +50,11 @@ class SlurmNodes:
             self.env["SLURM_CONF"] = conf
 
     def _run(self, *argv: str, check: bool = True, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+        return self._call(*argv, check=check, timeout_s=timeout_s).stdout
+
+    def _call(
+        self, *argv: str, check: bool = True, timeout_s: float = COMMAND_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
         try:
             res = subprocess.run(
                 list(argv),
@@ -71,18 +69,22 @@ class SlurmNodes:
         except subprocess.TimeoutExpired as exc:
             raise SchedulerError(f"`{shlex.join(argv)}` did not answer in {timeout_s:.0f} s") from exc
         if check and res.returncode != 0:
-            raise SchedulerError(
-                f"`{shlex.join(argv)}` -> {res.returncode}: {(res.stderr or res.stdout).strip()[-400:]}"
-            )
-        return res.stdout
+            raise SchedulerError(f"`{shlex.join(argv)}` -> {res.returncode}: {_why(res)}")
+        return res
 
     def node(self, node: str) -> dict[str, str]:
         """``scontrol show node`` of ``node`` (UnknownNode when Slurm has none)."""
-        out = self._run("scontrol", "-o", "show", "node", node, check=False)
-        rec = parse_record(out.splitlines()[0]) if out.strip() else {}
-        if rec.get("NodeName") != node:
+        res = self._call("scontrol", "-o", "show", "node", node, check=False)
+        rec = parse_record(res.stdout.splitlines()[0]) if res.stdout.strip() else {}
+        if rec.get("NodeName") == node:
+            return rec
+        if (
+            res.returncode == 0
+            or "not found" in res.stderr.lower()
+            or "invalid node name" in res.stderr.lower()
+        ):
             raise UnknownNode(f"Slurm has no node {node!r}")
-        return rec
+        raise SchedulerError(f"cannot ask Slurm about node {node}: {_why(res)}")
 
     def drained(self, node: str) -> bool:
         return bool(node_flags(self.node(node).get("State", "")) & _DRAINED)
@@ -160,6 +162,10 @@ class SlurmNodes:
         self.node(node)
         self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason[:200]}")
         self._unreserve(node)
+
+
+def _why(res: subprocess.CompletedProcess[str]) -> str:
+    return (res.stderr or res.stdout).strip()[-400:] or f"exit {res.returncode}"
 
 
 def _text(data: str | bytes | None) -> str:

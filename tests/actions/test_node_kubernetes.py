@@ -21,9 +21,9 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
+from trainguard.actions.errors import SchedulerError, UnknownNode
 from trainguard.actions.node_config import NodeReturnConfig
 from trainguard.actions.node_kubernetes import KubernetesNodes, hold_body, uncordon_body
-from trainguard.actions.node_slurm import SchedulerError, UnknownNode
 from trainguard.schemas.telemetry import CheckOutcome
 
 PASSED = json.dumps({"test": "gemm-digest", "passed": True, "duration_s": 2.0})

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from trainguard.actions.errors import SchedulerError, UnknownNode
 from trainguard.actions.node_config import NodeReturnConfig
 from trainguard.actions.node_return import NodeReturn, TransitionStore
-from trainguard.actions.node_slurm import UnknownNode
+from trainguard.actions.node_slurm import SlurmNodes
 from trainguard.actions.node_states import DAY_MS, TransitionRefused
 from trainguard.commands.nodes import nodes
 from trainguard.diag.preflight import Verdict
@@ -208,3 +210,14 @@ def test_the_cli_refuses_hostile_node_names(bad: str) -> None:
     for cmd in (["repaired", bad], ["release", bad], ["history", bad]):
         res = CliRunner().invoke(nodes, [*cmd[:1], "--", cmd[1]], obj={"settings": load_settings(environ={})})
         assert res.exit_code == 2 and "Invalid value for 'NODE'" in res.output, res.output
+
+
+def test_the_cli_says_when_slurm_cannot_be_asked(tmp_path: Path) -> None:
+    # a slurm.conf that names no controller: the error is Slurm's, not "no such node"
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=none\n")
+    settings = replace(load_settings(environ={}), components={"nodes": {"slurm_conf": str(conf)}})
+    with pytest.raises(SchedulerError, match="cannot ask Slurm about node n1"):
+        SlurmNodes(NodeReturnConfig(slurm_conf=str(conf))).node("n1")
+    res = CliRunner().invoke(nodes, ["release", "n1"], obj={"settings": settings})
+    assert res.exit_code == 1 and "Error: cannot ask Slurm about node n1" in res.output, res.output

@@ -48,21 +48,26 @@ def _scheduler(cfg: Any) -> Any:
 
         return SlurmNodes(cfg)
     from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
 
+    from trainguard.actions.errors import SchedulerError
     from trainguard.actions.node_kubernetes import KubernetesNodes
 
-    if cfg.kubeconfig:
-        config.load_kube_config(config_file=cfg.kubeconfig)
-    else:
-        config.load_incluster_config()
+    try:
+        if cfg.kubeconfig:
+            config.load_kube_config(config_file=cfg.kubeconfig)
+        else:
+            config.load_incluster_config()
+    except ConfigException as exc:
+        raise SchedulerError(f"no Kubernetes credentials (nodes.kubeconfig): {exc}") from None
     return KubernetesNodes(cfg, client.CoreV1Api())
 
 
 @contextmanager
 def _service(ctx: click.Context, scheduler: bool = True) -> Iterator[Any]:
     """The :class:`NodeReturn` of this config; scheduler errors and refusals become clear errors."""
+    from trainguard.actions.errors import SchedulerError
     from trainguard.actions.node_return import NodeReturn, Scheduler, TransitionStore
-    from trainguard.actions.node_slurm import SchedulerError
     from trainguard.actions.node_states import TransitionRefused
     from trainguard.infra.clickhouse.store import ClickHouseStore
 
