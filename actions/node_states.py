@@ -93,7 +93,17 @@ def apply(
     now_ms: int,
     policy: QuarantinePolicy = QuarantinePolicy(),
 ) -> list[NodeTransition]:
-    """The transitions ``event`` causes at ``now_ms`` (none when it was applied already)."""
+    """The transitions ``event`` causes at ``now_ms`` (none when it was applied already).
+
+    >>> once = apply("n1", [], NodeEvent(Cause.EVICTION, "dec-1", "dec-1"), 1_000)
+    >>> [(t.from_state, t.to_state.value, t.by) for t in once]
+    [('', 'evicted', 'dec-1')]
+    >>> apply("n1", once, NodeEvent(Cause.EVICTION, "dec-1", "dec-1"), 1_000)
+    []
+    >>> twice = apply("n1", once, NodeEvent(Cause.EVICTION, "dec-2", "dec-2"), 2_000)
+    >>> [t.to_state.value for t in twice]
+    ['evicted', 'quarantined']
+    """
     if _seen(history, event):
         return []
     state = state_of(history)
@@ -121,9 +131,12 @@ def _evicted(
     node: str, history: list[NodeTransition], event: NodeEvent, ts_ms: int, policy: QuarantinePolicy
 ) -> list[NodeTransition]:
     state = state_of(history)
-    # An eviction older than the node's latest change (a late record) or of a node quarantined
-    # already is history only: counted for the window, the state stays.
-    late = bool(history) and ts_ms < history[-1].ts_ms
+    # An eviction from before the node was last marked repaired or released (a late record: it
+    # cannot be of the node since, which sat in its validation) or of a node quarantined already
+    # is history only: counted for the window, the state stays.  Compared with the repair, not
+    # the return: the action service's clock may be a little behind this one's.
+    restarted = max((t.ts_ms for t in history if t.cause in (Cause.REPAIRED, Cause.RELEASED)), default=-1)
+    late = ts_ms < restarted
     if late or state is NodeState.QUARANTINED:
         keep = state or NodeState.EVICTED
         return [_transition(node, history, ts_ms, 0, keep, event)]

@@ -131,10 +131,13 @@ def test_evictions_of_a_node_out_of_service_are_history_only() -> None:
     # quarantined already: the third eviction is counted, the state stays
     new = apply("n1", h, *evicted("d3", T0 + 4), POLICY)
     assert [(t.from_state, t.to_state) for t in new] == [("quarantined", NodeState.QUARANTINED)]
-    # a late record (older than the node's latest change) does not pull a returned node out
+    # a late record (from before the repair) does not pull a returned node out
     h2 = run([evicted("d1", T0), repaired(T0 + 10), passed("c1", T0 + 20)])
     late = apply("n1", h2, *evicted("d0", T0 + 5), POLICY)
     assert [(t.from_state, t.to_state) for t in late] == [("returned", NodeState.RETURNED)]
+    # one stamped a little before the return (the service's clock behind) is a new eviction
+    skewed = apply("n1", h2, *evicted("d2", T0 + 15), QuarantinePolicy(limit=0))
+    assert [(t.from_state, t.to_state) for t in skewed] == [("returned", NodeState.EVICTED)]
 
 
 @pytest.mark.parametrize(
