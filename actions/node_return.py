@@ -135,16 +135,17 @@ class NodeReturn:
             self.transitions.record(new)
         return new
 
-    def sync(self) -> list[NodeTransition]:
+    def sync(self, hold: bool = True) -> list[NodeTransition]:
         """Record every eviction not recorded yet; quarantined nodes get the quarantine as their
-        scheduler reason (they are drained or cordoned already)."""
+        scheduler reason (they are drained or cordoned already) unless ``hold`` is False (a
+        listing records what happened but changes nothing on the scheduler)."""
         since = self.clock() - int(self.cfg.sync_days * DAY_MS)
         out: list[NodeTransition] = []
         for node, at_ms, ref, detail in self.transitions.evictions(since):
             new = self._apply(node, NodeEvent(Cause.EVICTION, ref, ref, detail), at_ms)
             out += new
             quarantine = next((t for t in new if t.cause is Cause.QUARANTINE), None)
-            if quarantine is not None:
+            if quarantine is not None and hold:
                 self._hold(node, f"trainguard quarantine: {quarantine.detail}")
         return out
 

@@ -155,9 +155,11 @@ def list_cmd(
     """Every node with a recorded eviction and its state (returned ones with --all)."""
     from trainguard.actions.node_states import evictions_counted
 
-    with _service(ctx, scheduler=not no_sync) as svc:
+    # A listing never changes the scheduler: it records new evictions (and quarantines) only;
+    # `nodes sync` also writes the quarantine into the node's drain reason or taint.
+    with _service(ctx, scheduler=False) as svc:
         if not no_sync:
-            svc.sync()
+            svc.sync(hold=False)
         everything = svc.transitions.latest()
         now = svc.clock()
     rows = []
@@ -175,10 +177,11 @@ def list_cmd(
         click.echo("no evicted node" + ("" if show_all else " out of service (--all shows returned ones)"))
         return
     days = svc.cfg.quarantine_window_days
-    click.echo(f"{'NODE':<20} {'STATE':<16} {'SINCE (UTC)':<20} {f'EVICTIONS/{days:g}d':<14} WHY")
+    width = max(20, *(len(r["node"]) for r in rows))
+    click.echo(f"{'NODE':<{width}} {'STATE':<16} {'SINCE (UTC)':<20} {f'EVICTIONS/{days:g}d':<14} WHY")
     for r in rows:
         click.echo(
-            f"{r['node']:<20} {r['state']:<16} {_when(r['ts_ms']):<20} {r['evictions_in_window']:<14} "
+            f"{r['node']:<{width}} {r['state']:<16} {_when(r['ts_ms']):<20} {r['evictions_in_window']:<14} "
             f"{r['cause']} by {r['by']}: {r['detail']}"
         )
 
