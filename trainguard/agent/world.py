@@ -98,7 +98,8 @@ def rank_env(world: World, node: str, local_rank: int, ranks_per_node: int, job:
         "TRAINGUARD_JOB": job,
         "TRAINGUARD_RANK": str(rank),
         "TRAINGUARD_NODE": node,
-        "TRAINGUARD_NODES": ",".join(world.nodes),
+        # every rank's machine in rank order, as `trainguard launch` names it
+        "TRAINGUARD_MACHINES": ",".join(world.nodes),
         "TRAINGUARD_GENERATION": str(world.generation),
     }
 
