@@ -31,6 +31,11 @@ are counted and logged, retried until ``--publish-timeout``, and the training ru
 A step the action service restarted (``TRAINGUARD_RESTART`` set) publishes nothing: the service
 published the spec it restarted on, and the latest spec wins.
 
+``--agent``: the task runs as a warm node agent (:mod:`trainguard.agent`) holding its rank instead
+of a plain child: a zygote imports ``--agent-preload`` and forks the rank, and a signed
+``agent_restart`` restarts it in place later (docs/guides/warm-agent.md).  Rank 0 still publishes
+the spec; the agent neither registers the rank with the exporter nor reports its exit.
+
 Readiness: once CMD runs (and, on rank 0, the spec is published or given up on) every task prints
 ``trainguard launch: job J rank R on NODE ready`` and writes ``--ready-file`` (JSON, atomically).
 """
