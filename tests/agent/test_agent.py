@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -29,7 +32,9 @@ from tests.agent.harness import (
 )
 from tests.agent.harness import wait_first_step as first_step
 from trainguard.agent import client
+from trainguard.schemas.codec import decode
 from trainguard.schemas.topics import COMMANDS
+from trainguard.schemas.workload import ProcessExit, RankRegistration
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -39,6 +44,38 @@ class Job(SimpleNamespace):
     agents: dict[str, Running]
     out: Path
     tmp: Path
+    exporter: Exporter
+
+
+class Exporter:
+    """The node exporter's end of the reporter socket: every event the agents send it."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.events: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.events.append(decode(self.sock.recv(65536), local=True))
+            except TimeoutError:
+                continue
+
+    def exits(self) -> list[ProcessExit]:
+        return [e for e in self.events if isinstance(e, ProcessExit)]
+
+    def registered(self) -> set[int]:
+        return {e.pid for e in self.events if isinstance(e, RankRegistration)}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +86,21 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     keys = make_keys(tmp)
     make_code_root(tmp, ["v1", "v2"])
     port = free_port()
+    exporter = Exporter(tmp / "reporter.sock")
+    sock = str(tmp / "reporter.sock")
     agents = {
-        "n1": start_agent(tmp, keys, "n1", out, ["n1", "n2"], port),
-        "n2": start_agent(tmp, keys, "n2", out, ["n1", "n2"], port),
-        "n3": start_agent(tmp, keys, "n3", out),  # the standby
+        "n1": start_agent(tmp, keys, "n1", out, ["n1", "n2"], port, reporter_socket=sock),
+        "n2": start_agent(tmp, keys, "n2", out, ["n1", "n2"], port, reporter_socket=sock),
+        "n3": start_agent(tmp, keys, "n3", out, reporter_socket=sock),  # the standby
     }
     try:
         for a in agents.values():
             wait_warm(a.agent.zygote)
-        yield Job(keys=keys, agents=agents, out=out, tmp=tmp)
+        yield Job(keys=keys, agents=agents, out=out, tmp=tmp, exporter=exporter)
     finally:
         for a in agents.values():
             a.agent.stop()
+        exporter.close()
 
 
 def restart(job: Job, nodes: list[str], generation: int, port: int, version: str = "") -> dict[str, dict]:
@@ -102,6 +142,9 @@ def test_ranks_restart_in_place_on_a_new_port_and_generation(job: Job) -> None:
     new = pids(job, "n1") + pids(job, "n2")
     assert not set(old) & set(new)
     assert not any(_alive(p) for p in old)  # the old generation is gone, not left beside the new
+    # The exporter follows the new ranks; the stopped ones are the recovery, not a fault to report.
+    assert set(new) <= job.exporter.registered()
+    assert not job.exporter.exits()
 
 
 def test_forged_tampered_replayed_and_stale_commands_are_refused(job: Job) -> None:
@@ -136,6 +179,16 @@ def test_forged_tampered_replayed_and_stale_commands_are_refused(job: Job) -> No
     ]
     assert len(dead) == 4 and all(d["stage"] == "exporter:command" for d in dead)
     assert "unknown key id" in dead[0]["reason"] and "replayed" in dead[-1]["reason"]
+
+
+def test_a_rank_that_dies_on_its_own_is_reported_to_the_exporter(job: Job) -> None:
+    (pid,) = pids(job, "n2")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(e.pid == pid for e in job.exporter.exits()):
+        time.sleep(0.05)
+    died = [e for e in job.exporter.exits() if e.pid == pid]
+    assert [(e.rank, e.node, e.signal, e.exit_code) for e in died] == [(1, "n2", 9, 137)]
 
 
 def test_a_standby_joins_in_the_evicted_machines_place(job: Job) -> None:

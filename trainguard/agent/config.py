@@ -58,6 +58,11 @@ class AgentConfig:
     zygote_timeout_s: float = field(default=300.0, metadata=bounds(1, 3600))
     #: older commands are skipped (a restarted agent must not replay yesterday's restart).
     max_age_s: float = field(default=300.0, metadata=bounds(1, 86_400))
+    #: the node exporter's reporter socket ("" = ``$TRAINGUARD_REPORTER_SOCKET`` or
+    #: ``/run/trainguard/reporter.sock``), where the ranks are registered and their exits reported.
+    reporter_socket: str = field(default="", metadata=bounds(max_len=4096))
+    #: how often the ranks are registered again (an exporter restarted later learns them).
+    register_interval_s: float = field(default=10.0, metadata=bounds(0.5, 3600))
 
     def __post_init__(self) -> None:
         for rule, value in ((names.JOB, self.job), (names.NODE, self.node)):

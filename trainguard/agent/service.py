@@ -34,6 +34,7 @@ from typing import Any
 
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.endpoint import Endpoint, write_state
+from trainguard.agent.reports import RankReports
 from trainguard.agent.world import World, check_version, entry_of, judge, rank_env
 from trainguard.agent.zygote_client import Zygote, ZygoteError
 from trainguard.infra.backoff import Backoff
@@ -92,9 +93,17 @@ class NodeAgent:
         self.restarts: list[dict[str, Any]] = []
         self._outcome: tuple[str, str] = ("skipped", "")
         self._exits: dict[int, int] = {}  # pid -> exit code of ranks that ended
+        self._pid_rank: dict[int, int] = {}  # pid -> rank, of every rank forked and not yet ended
+        self._stopping: set[int] = set()  # pids the agent is stopping itself (not reported)
         self._exits_lock = threading.Lock()
         self._dirty = threading.Event()
         self.zygote = self._spawn(self.code_version)
+        from trainguard.streams.reporter import DEFAULT_SOCKET
+
+        socket_path = (
+            cfg.reporter_socket or os.environ.get("TRAINGUARD_REPORTER_SOCKET", "") or DEFAULT_SOCKET
+        )
+        self.reports = RankReports(socket_path, cfg.job, cfg.node)
         self.listener = AgentListener(
             kafka or KafkaConfig(),
             cfg.node,
@@ -128,6 +137,11 @@ class NodeAgent:
         # holds it while it waits for that very thread to deliver the zygote's fork replies.
         with self._exits_lock:
             self._exits[pid] = code
+            rank = self._pid_rank.pop(pid, None)
+            deliberate = pid in self._stopping
+            self._stopping.discard(pid)
+        if rank is not None and not deliberate:
+            self.reports.exited(rank, pid, code)
         self._dirty.set()  # the main loop rewrites the state file
 
     def _zygote_for(self, version: str) -> Zygote:
@@ -208,6 +222,9 @@ class NodeAgent:
             log_path = self.state_dir / "logs" / f"gen{world.generation}-rank{env['RANK']}.log"
             pid = zygote.fork(f"g{world.generation}-l{local}", env, self.entry, log_path)
             self.ranks[local] = {"pid": pid, "rank": int(env["RANK"])}
+            with self._exits_lock:
+                self._pid_rank[pid] = int(env["RANK"])
+            self.reports.register(int(env["RANK"]), local, pid)
         self.state = "running"
         took = round(time.monotonic() - started, 3)
         self.restarts.append({"generation": world.generation, "fork_s": took, "code_version": version})
@@ -216,6 +233,8 @@ class NodeAgent:
     def _stop_ranks(self) -> None:
         """SIGTERM each rank's process group, SIGKILL what is left after ``stop_grace_s``."""
         live = [info["pid"] for info in self.ranks.values()]
+        with self._exits_lock:
+            self._stopping.update(live)
         for pid in live:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
@@ -335,7 +354,13 @@ class NodeAgent:
             elif first:
                 self.state = "warm"
             self._publish()
+        registered = time.monotonic()
         while not self._stop.wait(0.2):
+            if time.monotonic() - registered >= self.cfg.register_interval_s:
+                registered = time.monotonic()
+                with self._lock:
+                    for local, info in self.ranks.items():
+                        self.reports.register(info["rank"], local, info["pid"])
             if self.zygote.dead.is_set():
                 self._respawn()
             if self._dirty.is_set():
@@ -368,6 +393,7 @@ class NodeAgent:
                 self._pending_zygote.stop()
             self.state = "gone"
             self._publish()
+            self.reports.close()
         self.endpoint.stop()
 
 

@@ -34,7 +34,8 @@ published the spec it restarted on, and the latest spec wins.
 ``--agent``: the task runs as a warm node agent (:mod:`trainguard.agent`) holding its rank instead
 of a plain child: a zygote imports ``--agent-preload`` and forks the rank, and a signed
 ``agent_restart`` restarts it in place later (docs/guides/warm-agent.md).  Rank 0 still publishes
-the spec; the agent neither registers the rank with the exporter nor reports its exit.
+the spec; the agent registers each forked rank with the exporter and reports an exit it did not
+cause.
 
 Readiness: once CMD runs (and, on rank 0, the spec is published or given up on) every task prints
 ``trainguard launch: job J rank R on NODE ready`` and writes ``--ready-file`` (JSON, atomically).
@@ -402,6 +403,8 @@ def agent_options(plan: LaunchPlan, cfg: LaunchConfig, command: list[str]) -> di
         "generation": plan.restart,
         "master_addr": plan.master_addr,
         "master_port": plan.master_port,
+        "reporter_socket": plan.reporter_socket,
+        "register_interval_s": cfg.register_interval_s,
     }
 
 
