@@ -218,7 +218,18 @@ def test_a_lazy_hot_update_is_taken_at_the_next_restart(job: Job) -> None:
 
 
 def test_an_urgent_hot_update_restarts_now_on_the_given_version(job: Job) -> None:
-    restart(job, ["n3", "n2"], 5, free_port(), version="v1")
+    # v1's zygotes were stopped when v2 took over: the agents import v1 again, meanwhile they
+    # answer GET /state at once, saying they are restarting.
+    sender = threading.Thread(target=restart, args=(job, ["n3", "n2"], 5, free_port(), "v1"))
+    sender.start()
+    seen, slowest = set(), 0.0
+    while sender.is_alive():
+        asked = time.monotonic()
+        seen.add(client.state(job.agents["n3"].url)[1].get("state"))
+        slowest = max(slowest, time.monotonic() - asked)
+        time.sleep(0.1)
+    sender.join()
+    assert "restarting" in seen and slowest < 2.0
     assert {first_step(job.out, r, 5, timeout_s=180)["version"] for r in (0, 1)} == {"v1"}
 
 

@@ -5,6 +5,7 @@ States (``state`` in the document :meth:`NodeAgent.snapshot` gives):
 
 * ``starting`` -- the zygote is importing the preload list;
 * ``warm`` -- the zygote is ready and no rank runs here (a standby, or between generations);
+* ``restarting`` -- a restart is under way (an urgent hot update may wait for its zygote's imports);
 * ``running`` -- this machine's ranks of ``generation`` run;
 * ``gone`` -- the agent stopped (written last; a state file whose ``pid`` is dead means the same).
 
@@ -35,7 +36,7 @@ from typing import Any
 from trainguard.agent.config import AgentConfig
 from trainguard.agent.endpoint import Endpoint, write_state
 from trainguard.agent.reports import RankReports
-from trainguard.agent.world import World, check_version, entry_of, judge, rank_env
+from trainguard.agent.world import World, check_version, entry_of, judge, rank_env, world_of
 from trainguard.agent.zygote_client import Zygote, ZygoteError
 from trainguard.infra.backoff import Backoff
 from trainguard.infra.config import KafkaConfig
@@ -115,6 +116,7 @@ class NodeAgent:
             group=f"trainguard-agent.{cfg.node}.{'-'.join(map(str, cfg.held))}",
         )
         self._http_seq = 0
+        self._last_doc: dict[str, Any] = {}
         self._respawn_backoff = Backoff(initial_s=1.0, max_s=60.0, jitter=0.2)
         self.endpoint = Endpoint(cfg.host, cfg.port, self._state_for_http, self._submit_http)
 
@@ -180,8 +182,6 @@ class NodeAgent:
                 self._lazy_update(check_version(cmd.args.get("code_version")))
                 self._outcome = ("done", f"code version {self.pending_version or self.code_version} next")
             else:
-                from trainguard.agent.world import world_of
-
                 self._outcome = self.restart(world_of(cmd.args))
             self.last = {
                 "command_id": cmd.command_id,
@@ -205,7 +205,13 @@ class NodeAgent:
         if verdict == "stale":
             return "ignored", f"generation {world.generation} is not newer than {self.generation}"
         version = world.code_version or self.pending_version or self.code_version
-        zygote = self._zygote_for(version)  # before stopping anything: a failure leaves ranks up
+        previous, self.state = self.state, "restarting"
+        self._publish()
+        try:
+            zygote = self._zygote_for(version)
+        except ZygoteError:
+            self.state = previous
+            raise  # before stopping anything: a failure leaves ranks up
         self._stop_ranks()
         self.generation, self.world, self.state = world.generation, world, "warm"
         if verdict == "standby":
@@ -277,16 +283,22 @@ class NodeAgent:
         path = self.state_dir / "dead-letters.jsonl"
         with open(path, "ab") as fh:
             fh.write(encode(dl) + b"\n")
-        if self.cfg.kafka:
-            from trainguard.infra.bus import EventProducer
-            from trainguard.schemas.topics import DEAD_LETTERS
+        if self.cfg.kafka:  # on a thread: a broker away must not hold up the refusal
+            threading.Thread(target=self._publish_dead_letter, args=(dl,), daemon=True).start()
 
+    def _publish_dead_letter(self, dl: DeadLetter) -> None:
+        from trainguard.infra.bus import EventProducer
+        from trainguard.schemas.topics import DEAD_LETTERS
+
+        try:
             producer = EventProducer(self.listener.kafka, linger_ms=0)
             try:
                 producer.send(dl, DEAD_LETTERS)
                 producer.flush(5.0)
             finally:
                 producer.close(timeout_s=2.0)
+        except Exception as exc:  # written to dead-letters.jsonl already
+            log.warning("agent: dead letter not published to Kafka: %s", exc)
 
     # --- state -------------------------------------------------------------------------------------
 
@@ -321,12 +333,21 @@ class NodeAgent:
             }
 
     def _state_for_http(self) -> tuple[dict[str, Any], bool]:
-        doc = self.snapshot()
-        return doc, bool(doc["warm"])
+        # A restart holds the lock for as long as an urgent update's imports take: the executor
+        # asking meanwhile gets the document published last (state "restarting") at once.
+        if self._lock.acquire(timeout=0.2):
+            try:
+                doc = self.snapshot()
+            finally:
+                self._lock.release()
+        else:
+            doc = {**self._last_doc, "warm": self.zygote.warm, "ts_ms": now_ms()}
+        return doc, bool(doc.get("warm"))
 
     def _publish(self) -> None:
+        self._last_doc = doc = self.snapshot()
         try:
-            write_state(self.state_dir / "state.json", self.snapshot())
+            write_state(self.state_dir / "state.json", doc)
         except OSError as exc:  # a full disk must not stop the ranks; HTTP still answers
             log.warning("agent: state file not written: %s", exc)
 
