@@ -367,11 +367,11 @@ class NodeAgent:
             if first and self.cfg.nodes and self.cfg.master_addr:
                 nodes, addr, port = tuple(self.cfg.nodes), self.cfg.master_addr, self.cfg.master_port
                 self.generation = self.cfg.generation - 1  # so the first world is "newer"
-                self.last = {
-                    "command_id": "",
-                    "outcome": "start",
-                    "detail": self.restart(World(self.cfg.generation, nodes, addr, port))[1],
-                }
+                try:
+                    outcome = self.restart(World(self.cfg.generation, nodes, addr, port))
+                except ZygoteError as exc:  # died between ready and fork: the loop starts a new one
+                    self.generation, outcome = self.cfg.generation, ("refused", str(exc))
+                self.last = {"command_id": "", "outcome": outcome[0], "detail": outcome[1]}
             elif first:
                 self.state = "warm"
             self._publish()
