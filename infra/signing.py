@@ -57,12 +57,14 @@ H_KID, H_IAT, H_EXP, H_SIG = "tg-kid", "tg-iat", "tg-exp", "tg-sig"
 _HEADERS = (H_KID, H_IAT, H_EXP, H_SIG)
 
 #: which topics each principal may sign: workers emit decisions and exporter commands, the action
-#: service decisions (code updates) and job specs (after a swap), the job launcher (``trainguard
+#: service decisions (code updates), job specs (after a swap) and node agents' restart commands
+#: (``agent_restart``: the warm path of a restart), the job launcher (``trainguard
 #: launch``, on the training nodes, where users' jobs can read its key) job specs only,
 #: the operator everything.
 ROLE_TOPICS: dict[str, frozenset[str]] = {
     "worker": frozenset({DECISIONS, COMMANDS, DETECTIONS}),
-    "actions": frozenset({DECISIONS, JOBS, ACTIONS}),
+    # commands: the executors' signed restart orders to the warm node agents (trainguard.agent)
+    "actions": frozenset({DECISIONS, JOBS, ACTIONS, COMMANDS}),
     "launcher": frozenset({JOBS}),
     "operator": frozenset(SIGNED_TOPICS),
 }

@@ -389,7 +389,10 @@ def test_cli_init_show_trust_revoke_export(tmp_path: Path) -> None:
         f"{kids['worker']}  worker    control.commands, control.decisions, control.detections  (private key here)"
         in res.output
     )
-    assert f"{kids['actions']}  actions   control.actions, control.decisions, control.jobs" in res.output
+    assert (
+        f"{kids['actions']}  actions   control.actions, control.commands, control.decisions, control.jobs"
+        in res.output
+    )
 
     pub = run(keys_cli, ["export-public", "operator"], env=env)
     assert pub.exit_code == 0 and key_id(base64.b64decode(pub.output.strip())) == kids["operator"]
