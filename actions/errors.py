@@ -24,3 +24,12 @@ class TemporaryError(ActionError):
 
 class PermanentError(ActionError):
     pass
+
+
+class SchedulerError(ActionError):
+    """A node operation of ``trainguard nodes`` that the scheduler refused or did not answer (the
+    message quotes it); the node's state stays as recorded, and the command may be run again."""
+
+
+class UnknownNode(SchedulerError):
+    """The scheduler has no node of that name."""

@@ -269,11 +269,15 @@ class LogClassifier:
 
     # ---- single inputs
 
-    def classify(self, line: str, *, ts: float | None = None, host: str | None = None) -> Classification:
-        """Classify one line on its own (no traceback context); thresholds are counted."""
+    def classify(
+        self, line: str, *, ts: float | None = None, host: str | None = None, from_node: bool | None = None
+    ) -> Classification:
+        """Classify one line on its own (no traceback context); thresholds are counted.
+
+        ``from_node``: see :meth:`RuleTable.match_line` (False: a training process wrote it)."""
         if not isinstance(line, str):
             return Classification(line=str(line))
-        m = self.table.match_line(line)
+        m = self.table.match_line(line, from_node=from_node)
         if m is None:
             return Classification(line=line, ts=ts)
         _, rank = split_prefix(line)
@@ -293,12 +297,15 @@ class LogClassifier:
 
     # ---- streams with tracebacks
 
-    def feed(self, line: str, *, ts: float | None = None, host: str | None = None) -> Classification:
+    def feed(
+        self, line: str, *, ts: float | None = None, host: str | None = None, from_node: bool | None = None
+    ) -> Classification:
         """Classify the next line of a log stream, following Python tracebacks.
 
         Lines inside a traceback (the header, frames, source lines) classify as ``none``; the
         final exception line gets the classification, with ``exception``, ``user_module``,
-        ``user_line`` and ``user_function`` fields when a user frame exists.
+        ``user_line`` and ``user_function`` fields when a user frame exists.  ``from_node``: who
+        wrote the stream (:meth:`RuleTable.match_line`); the node's own rows fire on its lines only.
         """
         if not isinstance(line, str):
             return Classification(line=str(line))
@@ -312,7 +319,7 @@ class LogClassifier:
             return Classification(line=line, ts=ts)
         tb = self._open.get(stream)
         if tb is None:
-            return self._plain(line, ts, host)
+            return self._plain(line, ts, host, from_node)
         if fm := _FRAME.match(content):
             if len(tb.frames) < self.config.max_frames:
                 tb.frames.append(Frame(fm.group("file"), int(fm.group("line")), fm.group("func") or "?"))
@@ -325,20 +332,20 @@ class LogClassifier:
             return Classification(line=line, ts=ts)
         del self._open[stream]
         if exc is None:  # the traceback was cut off; this is an ordinary line again
-            return self._plain(line, ts, host)
-        return self._exception(line, exc.group("exc"), tb.frames, rank, ts, host)
+            return self._plain(line, ts, host, from_node)
+        return self._exception(line, exc.group("exc"), tb.frames, rank, ts, host, from_node)
 
-    def _plain(self, line: str, ts: float | None, host: str | None) -> Classification:
+    def _plain(self, line: str, ts: float | None, host: str | None, from_node: bool | None) -> Classification:
         """A line outside a Python traceback: the kernel-trace rows first where one is open."""
         left = self._ktrace.pop(host, 0)
         if left > 0:
-            m = self.table.match_line(line, in_kernel_trace=True)
+            m = self.table.match_line(line, in_kernel_trace=True, from_node=from_node)
             if m is not None:  # the frame names the subsystem the task hung in: that is the finding
                 _, rank = split_prefix(line)
                 return self._decide(line, m, {"rank": rank} if rank is not None else {}, ts, host)
             if left > 1:
                 self._ktrace[host] = left - 1
-        c = self.classify(line, ts=ts, host=host)
+        c = self.classify(line, ts=ts, host=host, from_node=from_node)
         if c.rule is not None and self.table.get(c.rule).trace_follows and self.config.kernel_trace_lines:
             self._ktrace[host] = self.config.kernel_trace_lines
             self._ktrace.move_to_end(host)
@@ -347,7 +354,14 @@ class LogClassifier:
         return c
 
     def _exception(
-        self, line: str, exc: str, frames: list[Frame], rank: int | None, ts: float | None, host: str | None
+        self,
+        line: str,
+        exc: str,
+        frames: list[Frame],
+        rank: int | None,
+        ts: float | None,
+        host: str | None,
+        from_node: bool | None = None,
     ) -> Classification:
         fields: dict[str, Any] = {"exception": exc, "frames": len(frames)}
         if rank is not None:
@@ -358,7 +372,7 @@ class LogClassifier:
         import_time = raised_at_import(frames, exc)
         if import_time:
             fields["import_time"] = True
-        m = self.table.match_line(line, in_traceback=True, in_import=import_time)
+        m = self.table.match_line(line, in_traceback=True, in_import=import_time, from_node=from_node)
         if m is None:
             return Classification(line=line, fields=fields, ts=ts)
         out = self._decide(line, m, fields, ts, host)
@@ -584,7 +598,8 @@ def classify_exit(
     if isinstance(traceback_text, str) and traceback_text.strip():
         from trainguard.detectors.verdict import log_verdict  # verdict builds on this module
 
-        verdict = log_verdict(traceback_text.splitlines(), table=tbl, config=config)
+        # The traceback is the process's own text: it cannot speak for the node's kernel.
+        verdict = log_verdict(traceback_text.splitlines(), table=tbl, config=config, from_node=False)
         best = verdict.classification if verdict.action not in (Action.NONE, Action.IGNORE) else None
         if best is not None:
             return Classification(

@@ -27,7 +27,7 @@ from trainguard.schemas.control import Detection
 from trainguard.schemas.enums import Action, Severity
 from trainguard.schemas.telemetry import GpuSampleBatch, HostSample, NicSampleBatch
 from trainguard.schemas.typecheck import bounds
-from trainguard.schemas.workload import LogLine
+from trainguard.schemas.workload import NODE_LOG_SOURCES, LogLine
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,11 @@ class NodeInspector:
         ]
 
     def _log(self, e: LogLine, now_ms: int) -> list[Detection]:
-        # Each (node, source) is its own stream for traceback tracking.
-        c = self.classifier.feed(e.line, ts=e.ts_ms / 1000, host=f"{e.node}/{e.source}")
+        # Each (node, source) is its own stream for traceback tracking.  Only the node's own
+        # kernel and NVML lines may fire the kernel/driver rows: a rank that prints an Xid line
+        # (or forges one naming another machine) is read as that process's output.
+        from_node = e.source in NODE_LOG_SOURCES
+        c = self.classifier.feed(e.line, ts=e.ts_ms / 1000, host=f"{e.node}/{e.source}", from_node=from_node)
         if c.matched and e.rank >= 0 and "rank" not in c.fields:
             c = Classification(**{**c.__dict__, "fields": {**c.fields, "rank": e.rank}})
         return self._emit(c, e, now_ms, ("log", e.source, e.seq))

@@ -51,6 +51,11 @@ from trainguard.schemas.typecheck import SchemaError, bounds, from_mapping
 RULES_DIR = Path(__file__).with_name("rules")
 SOURCES = ("log", "nvml", "nic", "exit")
 CONTEXTS = ("any", "traceback", "import", "kernel_trace")
+#: log rows: who may have written a line the row matches.  ``node``: the machine itself (its
+#: kernel, driver or firmware), so only a line the node exporter read from the node (a LogLine
+#: whose source is in ``trainguard.schemas.workload.NODE_LOG_SOURCES``) may match it; ``any``: a
+#: training process's output as well.  Xid rows are always ``node``: an Xid is the driver's report.
+ORIGINS = ("any", "node")
 _OPS = ("eq", "ne", "gt", "ge", "lt", "le", "in", "not_in", "contains_any")
 #: actions a row may recommend; ``none`` is reserved for "no rule matched".
 ROW_ACTIONS = (Action.EVICT, Action.RESTART, Action.ROLLBACK, Action.DIAGNOSE, Action.IGNORE)
@@ -97,6 +102,9 @@ class Rule:
     context: str = "any"
     #: log rows: a kernel call trace follows the line (``kernel_trace`` rows look at its frames).
     trace_follows: bool = False
+    #: log rows: ``node`` when only the node's own kernel/driver lines may match (see ``ORIGINS``):
+    #: a rank printing "GPU has fallen off the bus" must not evict its machine, or another one.
+    origin: str = "any"
     #: whole-log verdicts: the line usually echoes another fault; any other cause wins over it.
     secondary: bool = False
     #: structured rows: field conditions.
@@ -117,6 +125,10 @@ class Rule:
             raise ValueError(f"source {self.source!r} is not one of {', '.join(SOURCES)}")
         if self.context not in CONTEXTS:
             raise ValueError(f"context {self.context!r} is not one of {', '.join(CONTEXTS)}")
+        if self.origin not in ORIGINS:
+            raise ValueError(f"origin {self.origin!r} is not one of {', '.join(ORIGINS)}")
+        if self.origin != "any" and self.source != "log":
+            raise ValueError(f"origin applies to log rows, not {self.source} rows")
         for a in (self.action, self.below_action):
             if a is not None and a not in ROW_ACTIONS:
                 raise ValueError(f"action {a.value!r} is not allowed in a rule row")
@@ -396,16 +408,26 @@ class RuleTable:
         return None
 
     def match_line(
-        self, line: str, *, in_traceback: bool = False, in_import: bool = False, in_kernel_trace: bool = False
+        self,
+        line: str,
+        *,
+        in_traceback: bool = False,
+        in_import: bool = False,
+        in_kernel_trace: bool = False,
+        from_node: bool | None = None,
     ) -> RuleMatch | None:
         """The first row matching one log line.
 
         ``in_traceback``: the line ends a Python traceback; ``in_import``: that traceback was
         raised while importing a module; ``in_kernel_trace``: the line is part of the kernel call
-        trace after a ``trace_follows`` row (only ``kernel_trace`` rows are tried then).
+        trace after a ``trace_follows`` row (only ``kernel_trace`` rows are tried then);
+        ``from_node``: the node exporter read the line from the node itself (True), a training
+        process wrote it (False: ``origin: node`` rows and Xid rows are skipped), or unknown
+        (None: a log file given to ``classify-log``; every row is tried).
         """
         low = line.lower() if line.isascii() else None
-        xid = None if in_kernel_trace else parse_xid(line)
+        process = from_node is False
+        xid = None if in_kernel_trace or process else parse_xid(line)
         if xid is not None:
             if "caused_by" in xid and self._xid_chain is not None:
                 return self._catalog_match(self._xid_chain, xid, xid["caused_by"])
@@ -422,6 +444,8 @@ class RuleTable:
                 if alts is not None and not any(a in low for a in alts):
                     continue
             if (r.context == "traceback" and not in_traceback) or (r.context == "import" and not in_import):
+                continue
+            if process and r.origin == "node":
                 continue
             m = rx.search(line)
             if m:

@@ -96,14 +96,18 @@ def log_verdict(
     host: str | None = None,
     code_changed_line: int | None = None,
     code_changed_ts: float | None = None,
+    from_node: bool | None = None,
 ) -> LogVerdict:
-    """The verdict for ``lines`` (one log, in order); see the module docstring."""
+    """The verdict for ``lines`` (one log, in order); see the module docstring.
+
+    ``from_node``: False when a training process wrote ``lines`` (its exit's traceback): the
+    node's kernel and driver rows do not fire on them (``RuleTable.match_line``)."""
     tbl = table if table is not None else default_rule_table()
     clf = LogClassifier(tbl, config)
     events: list[_Event] = []
     openers: dict[str | None, int] = {}  # host -> index in events of the last trace_follows line
     for n, raw in enumerate(lines, start=1):
-        c = clf.feed(raw.rstrip("\r\n"), host=host)
+        c = clf.feed(raw.rstrip("\r\n"), host=host, from_node=from_node)
         if c.rule is None:
             continue
         rule = tbl.get(c.rule)

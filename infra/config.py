@@ -297,7 +297,7 @@ def with_home_note(settings: Settings, message: str) -> str:
 
 #: YAML sections owned by one component each (worker, exporter, action service); each component
 #: validates its own section with its own config dataclass (:func:`component_config`).
-COMPONENT_SECTIONS = ("worker", "exporter", "actions")
+COMPONENT_SECTIONS = ("worker", "exporter", "actions", "nodes")
 
 
 @dataclass(frozen=True)

@@ -40,25 +40,33 @@ DECISIONS = _topics.DECISIONS.name
 JOBS = _topics.JOBS.name
 COMMANDS = _topics.COMMANDS.name
 CONTROL = _topics.CONTROL.name
+DETECTIONS = _topics.DETECTIONS.name
+ACTIONS = _topics.ACTIONS.name
 
-#: topics whose records must be signed (registry names).
-SIGNED_TOPICS: frozenset[str] = frozenset({DECISIONS, JOBS, COMMANDS, CONTROL})
-#: records acted on when read (short lifetime) vs state topics re-read from their start on every start.
-ACT_TOPICS: frozenset[str] = frozenset({DECISIONS, COMMANDS})
-STATE_TOPICS: frozenset[str] = frozenset({JOBS, CONTROL})
+#: topics whose records must be signed (registry names).  Detections and action events too: the
+#: worker turns detections into decisions it signs, and reads action events to know a recovery
+#: is running or held, so whoever could write them unsigned could evict a machine, or keep a
+#: dead job from being restarted, through the worker (#38).
+SIGNED_TOPICS: frozenset[str] = frozenset({DECISIONS, JOBS, COMMANDS, CONTROL, DETECTIONS, ACTIONS})
+#: records acted on when read (short lifetime) vs state topics re-read from their start on every
+#: start (action events: a worker that starts reads the recoveries in flight from their history).
+ACT_TOPICS: frozenset[str] = frozenset({DECISIONS, COMMANDS, DETECTIONS})
+STATE_TOPICS: frozenset[str] = frozenset({JOBS, CONTROL, ACTIONS})
 
 H_KID, H_IAT, H_EXP, H_SIG = "tg-kid", "tg-iat", "tg-exp", "tg-sig"
 _HEADERS = (H_KID, H_IAT, H_EXP, H_SIG)
 
 #: which topics each principal may sign: workers emit decisions and exporter commands, the action
-#: service decisions (code updates) and job specs (after a swap), the job launcher (``trainguard
+#: service decisions (code updates), job specs (after a swap) and node agents' restart commands
+#: (``agent_restart``: the warm path of a restart), the job launcher (``trainguard
 #: launch``, on the training nodes, where users' jobs can read its key) job specs only,
 #: the operator everything.
 ROLE_TOPICS: dict[str, frozenset[str]] = {
-    "worker": frozenset({DECISIONS, COMMANDS}),
-    "actions": frozenset({DECISIONS, JOBS}),
+    "worker": frozenset({DECISIONS, COMMANDS, DETECTIONS}),
+    # commands: the executors' signed restart orders to the warm node agents (trainguard.agent)
+    "actions": frozenset({DECISIONS, JOBS, ACTIONS, COMMANDS}),
     "launcher": frozenset({JOBS}),
-    "operator": frozenset({DECISIONS, JOBS, COMMANDS, CONTROL}),
+    "operator": frozenset(SIGNED_TOPICS),
 }
 PRINCIPALS: tuple[str, ...] = ("worker", "actions", "launcher", "operator")
 

@@ -130,6 +130,15 @@ class CommandKind(StrEnum):
     CAPTURE_STACKS = "capture_stacks"  # py-spy every training process (rounds x interval_s)
     SET_INTERVAL = "set_interval"  # change a source's sampling interval at runtime
     SET_THRESHOLD = "set_threshold"  # change a detector threshold at runtime (workers)
+    #: to a job's warm node agents (``trainguard.agent``): restart the ranks in place on a new world
+    #: (args: generation, nodes, master_addr, master_port, code_version = an urgent hot update).
+    AGENT_RESTART = "agent_restart"
+    #: to a job's node agents: a lazy hot update (args: code_version), taken at the next restart.
+    AGENT_CODE = "agent_code"
+
+
+#: the command kinds node agents act on (exporters skip them).
+AGENT_KINDS = frozenset({CommandKind.AGENT_RESTART, CommandKind.AGENT_CODE})
 
 
 @register

@@ -59,6 +59,13 @@ class TrainingStep(Event):
     data_wait_s: float | None = field(default=None, metadata=bounds(0, 1e7))
 
 
+#: The ``source`` of the lines the node exporter's own sources read from the machine: the kernel
+#: log (``kernel``) and NVML's Xid events (``nvml``).  A training process may not claim them (the
+#: exporter's reporter socket refuses it), so only these lines may match the rule table's
+#: ``origin: node`` rows (kernel, driver and firmware faults that evict a machine).
+NODE_LOG_SOURCES = frozenset({"kernel", "nvml"})
+
+
 @register
 @dataclass(frozen=True)
 class LogLine(Event):

@@ -121,6 +121,20 @@ class LaunchConfig:
     #: a node's pod is the switch this many levels above its rack's (the action service's
     #: ``executor_options.topology_pod_level``: both must read the tree the same way).
     topology_pod_level: int = field(default=1, metadata=bounds(1, 16))
+    #: run the task as a warm node agent (:mod:`trainguard.agent`) holding its rank, instead of
+    #: a plain child: a later restart forks the rank from the agent's zygote, in place.
+    agent: bool = False
+    #: modules the agent's zygote imports before forking (torch, the model's modules; never CUDA).
+    agent_preload: list[str] = field(default_factory=list, metadata=bounds(max_len=256, max_items=1024))
+    #: the agent of local rank L serves ``GET /state`` and ``POST /command`` on this port + L
+    #: (0: a free port, said in its state file).
+    agent_port: int = field(default=9403, metadata=bounds(0, 65535 - 4096))
+    #: the agent's state file, dead letters and rank logs (placeholders as above).
+    agent_state_dir: str = field(
+        default="/run/trainguard/agent/{job_id}/{local_rank}", metadata=bounds(max_len=4096)
+    )
+    #: code version V lives in ``agent_code_root/V`` ("" = no hot updates).
+    agent_code_root: str = field(default="", metadata=bounds(max_len=4096))
 
     def __post_init__(self) -> None:
         # Checked here too (not only when loaded): the spec this job publishes must decode.
@@ -434,8 +448,8 @@ def plan_launch(cfg: LaunchConfig, environ: Mapping[str, str]) -> LaunchPlan:
         standbys=[n for n in allocation if n not in machines],
         master_addr=cfg.master_addr or machines[0],
         master_port=cfg.master_port or derived_port(job_id),
-        reporter_socket=_fill("reporter socket", socket, fill),
-        ready_file=_fill("--ready-file", cfg.ready_file, fill),
+        reporter_socket=fill_path("reporter socket", socket, fill),
+        ready_file=fill_path("--ready-file", cfg.ready_file, fill),
         restart=int(restart_text),
         publish=cfg.publish,
     )
@@ -474,7 +488,7 @@ def _hosts(var: str, text: str) -> list[str]:
     return names
 
 
-def _fill(what: str, template: str, values: Mapping[str, object]) -> str:
+def fill_path(what: str, template: str, values: Mapping[str, object]) -> str:
     try:
         return template.format(**values)
     except (KeyError, IndexError, ValueError) as exc:

@@ -49,6 +49,8 @@ class ReportData:
     detection_latency: list[dict[str, Any]] = field(default_factory=list)
     #: the shadow loaders' takeovers and give-ups (``loader_takeovers`` rows).
     loaders: list[dict[str, Any]] = field(default_factory=list)
+    #: the way back of the machines evicted (``node_transitions`` rows of those machines).
+    node_transitions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -171,6 +173,11 @@ def load(
     decisions = named.get("decisions").run(store, job=job, since_ms=since_ms)
     for d in decisions:
         d["evidence"] = _parse(d["evidence"])
+    evictions = named.get("evictions").run(store, job=job, since_ms=since_ms)
+    evicted = {e["machine"] for e in evictions}
+    transitions = [
+        t for t in named.get("node_transitions").run(store, since_ms=since_ms) if t["node"] in evicted
+    ]
     return ReportData(
         job=main,
         baseline=base,
@@ -178,9 +185,10 @@ def load(
         generated_ms=int(time.time() * 1000),
         incidents=incs,
         mttr=named.get("mttr_by_category").run(store, job=job, since_ms=since_ms),
-        evictions=named.get("evictions").run(store, job=job, since_ms=since_ms),
+        evictions=evictions,
         standbys=named.get("standby_use").run(store, job=job, since_ms=since_ms),
         decisions=decisions,
         detection_latency=named.get("detection_latency").run(store, job=job, since_ms=since_ms),
         loaders=named.get("loader_takeovers").run(store, job=job, since_ms=since_ms),
+        node_transitions=transitions,
     )

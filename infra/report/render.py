@@ -422,6 +422,18 @@ def render(data: ReportData) -> str:
         ]
         for r in data.loaders
     ]
+    node_rows = [
+        [
+            _e(_t(t["ts_ms"])),
+            _e(t["node"]),
+            _e(t["from_state"] or "-"),
+            _e(t["to_state"]),
+            _e(t["cause"]),
+            _e(t["by"]),
+            _e(t["detail"]),
+        ]
+        for t in data.node_transitions
+    ]
     lat_rows = [
         [
             _e(r["kind"]),
@@ -469,6 +481,10 @@ recovery procedures' mean.</p>
 <h2>Machines</h2>
 {divs["tg-evictions"]}
 {_table(["evicted", "machine", "fault", "outcome", "decision"], ev_rows)}
+<h3>Evicted machines' way back</h3>
+<p class="note">Each change of an evicted machine's state (<code>trainguard nodes</code>): repaired,
+validated, returned or quarantined, and who or what caused it.</p>
+{_table(["time", "node", "from", "to", "cause", "by", "detail"], node_rows)}
 <h3>Standby pool</h3>
 {_table(["time", "step", "detail", "took s"], sb_rows, {3})}
 <h3>Data loaders</h3>

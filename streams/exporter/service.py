@@ -21,7 +21,7 @@ from trainguard.infra.metrics_server import MetricsServer, serve_metrics
 from trainguard.infra.proctable import ProcTable
 from trainguard.infra.signing import Verifier
 from trainguard.schemas.base import now_ms
-from trainguard.schemas.control import Command, CommandKind
+from trainguard.schemas.control import AGENT_KINDS, Command, CommandKind
 from trainguard.schemas.telemetry import SourceHealth
 from trainguard.streams.exporter.commands import (
     CommandListener,
@@ -109,6 +109,8 @@ class ExporterService:
         elif cmd.kind is CommandKind.SET_INTERVAL:
             source, seconds = interval_args(cmd.args)
             self.exporter.set_interval(source, seconds)
+        elif cmd.kind in AGENT_KINDS:
+            log.debug("command %s (%s) is for the node agent", cmd.command_id, cmd.kind.value)
         else:
             raise ValueError(f"command kind {cmd.kind.value!r} is not for exporters")
 

@@ -22,6 +22,7 @@ from trainguard.actions.config import ActionsConfig, BreakerConfig, StepPolicy
 from trainguard.actions.executors.dry_run import DryRunConfig
 from trainguard.actions.executors.kubernetes import KubernetesExecutorConfig
 from trainguard.actions.executors.slurm import SlurmExecutorConfig
+from trainguard.actions.node_config import NodeReturnConfig
 from trainguard.cli import main
 from trainguard.detectors.placement.config import PlacementConfig
 
@@ -34,6 +35,7 @@ DOCUMENTED = (
     DryRunConfig,
     SlurmExecutorConfig,
     KubernetesExecutorConfig,
+    NodeReturnConfig,
 )
 #: a table row: | `key` | default | what it does |
 _ROW = re.compile(r"^\| `(\w+)` \| (.*?) \| (.*) \|$")

@@ -285,7 +285,11 @@ def test_classify_exit_prefers_a_traceback_culprit() -> None:
     tail = (
         "some log\n[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
     )
-    assert classify_exit(-6, None, tail).rule == "xid-79"
+    # The tail is the process's own output: an Xid line in it speaks for the node's driver only
+    # when the node exporter read it from the kernel, so the exit is judged by its signal.
+    assert classify_exit(-6, None, tail).rule == "exit-sigabrt"
+    cuda = "some log\nRuntimeError: CUDA error: an illegal memory access was encountered\n"
+    assert classify_exit(-6, None, cuda).rule == "cuda-illegal-access"
     assert classify_exit(137, None, "nothing useful here\n").rule == "exit-sigkill"
     assert classify_exit(1, None, "").rule == "exit-nonzero"
 

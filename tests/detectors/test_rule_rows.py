@@ -348,3 +348,44 @@ def test_required_literals_of_branches_and_groups() -> None:
     assert required_literals(r"(?:foo|ba)r") == []  # "ba" is too short to be a literal clause
     assert required_literals(r"(?:fooo|barr)\d+") == [frozenset({"fooo", "barr"})]
     assert required_literals("(") == []
+
+
+NODE_ROWS = {
+    r.id for r in ROWS if r.source == "log" and (r.origin == "node" or r.xid or r.xid_chain or r.xid_fallback)
+}
+NODE_EXAMPLES = [(rid, i, ex) for rid, i, ex in LOG_EXAMPLES if rid in NODE_ROWS]
+
+
+def test_the_kernel_and_driver_rows_are_node_rows() -> None:
+    """The rows that evict a machine for its kernel, driver or NIC are the node's own."""
+    for rid in ("kernel-panic", "hung-task", "oom-killer", "nic-link-down", "sxid-fatal", "nvrm-gpu-lost"):
+        assert rid in NODE_ROWS, rid
+    for rid in ("python-exception", "cuda-illegal-access", "gpu-oom", "watchdog-timeout", "stale-handle"):
+        assert rid not in NODE_ROWS, rid
+
+
+@pytest.mark.parametrize(
+    ("rid", "i", "example"), NODE_EXAMPLES, ids=[f"{r}-{i}" for r, i, _ in NODE_EXAMPLES]
+)
+def test_a_node_row_fires_on_the_nodes_line_not_on_a_process_printing_it(
+    rid: str, i: int, example: str
+) -> None:
+    """Each node row's cited line matches it when the exporter read it from the node (or the
+    origin is unknown, as for ``classify-log``), and never when a training process wrote it: a
+    rank printing (or forging) a kernel line is that process's output (#38)."""
+    rule = TABLE.get(rid)
+    for from_node in (True, None):
+        m = TABLE.match_line(example, **_where(rule), from_node=from_node)
+        assert m is not None and m.rule.id == rid, (from_node, m and m.rule.id)
+    m = TABLE.match_line(example, **_where(rule), from_node=False)
+    assert m is None or m.rule.id not in NODE_ROWS, m.rule.id
+
+
+def test_an_origin_is_checked() -> None:
+    with pytest.raises(ValueError, match="origin 'rank'"):
+        Rule(
+            id="x", category="c", severity=Severity.INFO, action=Action.IGNORE, patterns=["x"], origin="rank"
+        )
+    with pytest.raises(ValueError, match="origin applies to log rows"):
+        Rule(id="x", category="c", severity=Severity.INFO, action=Action.IGNORE, source="nvml",
+             when={"xid": {"gt": 0}}, origin="node")  # fmt: skip

@@ -8,6 +8,7 @@ Fast: no broker (an exporter whose delivery never runs is one whose broker is aw
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,15 @@ def test_a_rank_cannot_send_a_line_as_the_kernel(source: str) -> None:
         accept(raw, NODE, JOB)
     assert err.value.reason == "invalid"
     assert isinstance(accept(encode(line("stdout", XID)), NODE, JOB), LogLine)
+
+
+def test_a_ranks_events_carry_this_exporters_node_whatever_they_claim() -> None:
+    """A rank naming another machine (or a pod whose hostname is not the node's name) speaks
+    for the node it runs on: the exporter sets its own node name (#38)."""
+    from trainguard.schemas.codec import encode
+
+    for claimed in ("other-node", "", NODE):
+        event = accept(encode(dataclasses.replace(line("stdout", XID), node=claimed)), NODE, JOB)
+        assert event.node == NODE
+    unbound = accept(encode(line("stdout", XID)), "", JOB)  # no node configured: the event's stands
+    assert unbound.node == line("stdout", XID).node

@@ -38,6 +38,7 @@ def test_the_package_ships_the_postmortem_queries() -> None:
         "loader_takeovers",
         "dead_letters",
         "node_checks",
+        "node_transitions",
     }
     assert wanted <= set(ALL)
     for q in ALL.values():

@@ -18,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actions.node_return import TransitionStore
 from trainguard.infra.clickhouse.store import ClickHouseStore
 from trainguard.infra.config import Settings
 from trainguard.infra.report import data as report_data
 from trainguard.infra.report.render import PHASE_COLOURS, render
 from trainguard.schemas.control import ActionEvent, ActionPhase, Decision, Detection, Targets
 from trainguard.schemas.enums import Action, Severity
+from trainguard.schemas.nodes import Cause, NodeState, NodeTransition
 from trainguard.schemas.workload import TrainingStep
 
 T0 = 1_795_000_000_000
@@ -113,7 +115,24 @@ def report_store(store: ClickHouseStore) -> ClickHouseStore:
 
 
 def test_report_data_from_the_named_queries(report_store: ClickHouseStore) -> None:
+    # an evicted machine's way back (trainguard nodes), and a node the job never evicted
+    way_back = [
+        ("m1", NodeState.EVICTED, Cause.EVICTION, "d1"),
+        ("m1", NodeState.VALIDATING, Cause.REPAIRED, "alice"),
+    ]
+    TransitionStore(report_store).record(
+        [
+            NodeTransition(f"t{i}", node, T0 + 200_000 + i, i, "", state, cause, by)
+            for i, (node, state, cause, by) in enumerate(
+                [*way_back, ("x9", NodeState.EVICTED, Cause.EVICTION, "d9")]
+            )
+        ]
+    )
     data = report_data.load(report_store, "job", baseline="job-baseline")
+    assert [(t["node"], t["to_state"], t["by"]) for t in data.node_transitions] == [
+        ("m1", "evicted", "d1"),
+        ("m1", "validating", "alice"),
+    ]
     assert [i["category"] for i in data.incidents] == ["gpu_unavailable", "job_hang", "network_error"]
     assert all(i["outcome"] == "succeeded" and i["steps"] for i in data.incidents)
     # the procedure ended 6 s after the fault, the job stepped again 10.5 s after it
@@ -129,6 +148,7 @@ def test_report_data_from_the_named_queries(report_store: ClickHouseStore) -> No
     page = render(data)
     assert page.count("id='dec-") == 3 and "hang_forever (faults.py)" in page
     assert "<td>loader_takeover</td>" in page and ">0.041<" in page  # the data-loader table
+    assert "<td>validating</td><td>repaired</td><td>alice</td>" in page  # the way back
     # nothing fetched at view time: no external script, style sheet or image
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=[\"']?https?:", page)
 

@@ -66,6 +66,8 @@ def test_signed_topics_are_the_registry_names() -> None:
         topics.JOBS.name,
         topics.COMMANDS.name,
         topics.CONTROL.name,
+        topics.DETECTIONS.name,
+        topics.ACTIONS.name,
     } == SIGNED_TOPICS
     assert all(ROLE_TOPICS[p] <= SIGNED_TOPICS for p in PRINCIPALS)
     assert ROLE_TOPICS["operator"] == SIGNED_TOPICS
@@ -384,9 +386,13 @@ def test_cli_init_show_trust_revoke_export(tmp_path: Path) -> None:
     res = run(keys_cli, ["show"], env=env)
     assert res.exit_code == 0, res.output
     assert (
-        f"{kids['worker']}  worker    control.commands, control.decisions  (private key here)" in res.output
+        f"{kids['worker']}  worker    control.commands, control.decisions, control.detections  (private key here)"
+        in res.output
     )
-    assert f"{kids['actions']}  actions   control.decisions, control.jobs" in res.output
+    assert (
+        f"{kids['actions']}  actions   control.actions, control.commands, control.decisions, control.jobs"
+        in res.output
+    )
 
     pub = run(keys_cli, ["export-public", "operator"], env=env)
     assert pub.exit_code == 0 and key_id(base64.b64decode(pub.output.strip())) == kids["operator"]
@@ -407,3 +413,37 @@ def test_cli_init_show_trust_revoke_export(tmp_path: Path) -> None:
     assert res.exit_code != 0 and "is not trusted" in res.output and "Traceback" not in res.output
     res = run(keys_cli, ["export-public", "worker"], env={**env, "TRAINGUARD_HOME": str(tmp_path / "none")})
     assert res.exit_code != 0 and "run `trainguard keys init`" in res.output
+
+
+@pytest.mark.parametrize(
+    ("principal", "topic", "allowed"),
+    [
+        # Who may write what the worker acts on (#38): a detection becomes a signed decision, an
+        # action event says a recovery is running or held.
+        ("worker", topics.DETECTIONS.name, True),
+        ("actions", topics.DETECTIONS.name, False),
+        ("launcher", topics.DETECTIONS.name, False),
+        ("actions", topics.ACTIONS.name, True),
+        ("worker", topics.ACTIONS.name, False),
+        ("launcher", topics.ACTIONS.name, False),
+        ("operator", topics.DETECTIONS.name, True),
+        ("operator", topics.ACTIONS.name, True),
+    ],
+)
+def test_detections_and_action_events_are_signed_by_their_role_only(
+    principal: str, topic: str, allowed: bool
+) -> None:
+    assert (topic in ROLE_TOPICS[principal]) is allowed
+    assert topic in SIGNED_TOPICS
+
+
+def test_an_unsigned_detection_is_refused_and_action_events_outlive_the_act_lifetime() -> None:
+    from trainguard.infra.signing import ACT_TOPICS, STATE_TOPICS
+
+    assert topics.DETECTIONS.name in ACT_TOPICS  # evidence is acted on when read
+    assert topics.ACTIONS.name in STATE_TOPICS  # a starting worker re-reads recoveries in flight
+    private = Ed25519PrivateKey.generate()
+    trusted = {"k": TrustedKey(private.public_key(), "worker", "k")}
+    verifier = Verifier(trusted, SigningConfig())
+    with pytest.raises(AuthError, match="unsigned record"):
+        verifier.verify(topics.DETECTIONS.name, b"job", b"{}", None, 1_000)

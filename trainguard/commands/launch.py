@@ -31,6 +31,12 @@ are counted and logged, retried until ``--publish-timeout``, and the training ru
 A step the action service restarted (``TRAINGUARD_RESTART`` set) publishes nothing: the service
 published the spec it restarted on, and the latest spec wins.
 
+``--agent``: the task runs as a warm node agent (:mod:`trainguard.agent`) holding its rank instead
+of a plain child: a zygote imports ``--agent-preload`` and forks the rank, and a signed
+``agent_restart`` restarts it in place later (docs/guides/warm-agent.md).  Rank 0 still publishes
+the spec; the agent registers each forked rank with the exporter and reports an exit it did not
+cause.
+
 Readiness: once CMD runs (and, on rank 0, the spec is published or given up on) every task prints
 ``trainguard launch: job J rank R on NODE ready`` and writes ``--ready-file`` (JSON, atomically).
 """
@@ -62,7 +68,7 @@ from trainguard.schemas.base import now_ms
 from trainguard.schemas.config import ConfigError, load_config
 
 if TYPE_CHECKING:
-    from trainguard.launch_env import LaunchPlan
+    from trainguard.launch_env import LaunchConfig, LaunchPlan
     from trainguard.schemas.base import Event
     from trainguard.schemas.workload import ProcessExit
 
@@ -367,6 +373,56 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def agent_options(plan: LaunchPlan, cfg: LaunchConfig, command: list[str]) -> dict[str, Any]:
+    """The :class:`~trainguard.agent.config.AgentConfig` of this task's agent: its rank's world
+    from Slurm, generation ``TRAINGUARD_RESTART`` (0 for the job's own launch)."""
+    from trainguard.launch_env import LaunchError, fill_path
+
+    fill = {
+        "job_id": plan.slurm_job_id,
+        "step_id": plan.step_id,
+        "node": plan.node,
+        "rank": plan.rank,
+        "local_rank": plan.local_rank,
+    }
+    try:
+        state_dir = fill_path("--agent-state-dir", cfg.agent_state_dir, fill)
+    except LaunchError as exc:
+        raise click.UsageError(str(exc)) from None
+    return {
+        "job": plan.job,
+        "node": plan.node,
+        "command": command,
+        "ranks_per_node": plan.topology.ranks_per_machine,
+        "local_ranks": [plan.local_rank],
+        "preload": list(cfg.agent_preload),
+        "state_dir": state_dir,
+        "port": cfg.agent_port + plan.local_rank if cfg.agent_port else 0,
+        "code_root": cfg.agent_code_root,
+        "nodes": list(plan.topology.machines),
+        "generation": plan.restart,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "reporter_socket": plan.reporter_socket,
+        "register_interval_s": cfg.register_interval_s,
+    }
+
+
+def run_as_agent(ctx: click.Context, plan: LaunchPlan, cfg: LaunchConfig, command: list[str]) -> None:
+    """The task as a warm node agent: rank 0 still publishes the spec (in the background)."""
+    from trainguard.commands.agent import run_agent
+
+    if plan.publishes:
+        threading.Thread(
+            target=publish_spec,
+            args=(plan, ctx, cfg.publish_timeout_s),
+            name="trainguard-launch-publish",
+            daemon=True,
+        ).start()
+    say(f"job {plan.job} rank {plan.rank} on {plan.node}: warm node agent")
+    run_agent(ctx, agent_options(plan, cfg, command), base_env=plan.child_env())
+
+
 def _option_error(message: str) -> str:
     """A config error in the options' words: ``LaunchConfig.publish_timeout_s: ...`` ->
     ``--publish-timeout: ...``."""
@@ -433,6 +489,18 @@ _OPTION_NAMES = {"publish_timeout_s": "--publish-timeout", "register_interval_s"
     show_default=True,
     help="A node's pod is the switch this many levels above its rack's.",
 )
+@click.option(
+    "--agent/--no-agent", default=False, help="Run the task as a warm node agent (trainguard agent)."
+)
+@click.option("--agent-preload", multiple=True, help="Modules the agent's zygote imports (comma-separated).")
+@click.option("--agent-port", type=int, default=9403, show_default=True, help="Agent port + local rank.")
+@click.option(
+    "--agent-state-dir",
+    default="/run/trainguard/agent/{job_id}/{local_rank}",
+    show_default=True,
+    help="The agent's state file and logs (same placeholders as --ready-file).",
+)
+@click.option("--agent-code-root", default="", help="Code version V lives in AGENT_CODE_ROOT/V.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None:
@@ -443,6 +511,7 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
 
     if not command:
         raise click.UsageError("give the training command after --: trainguard launch --job J -- CMD ARGS...")
+    options["agent_preload"] = [m for item in options["agent_preload"] for m in item.split(",") if m]
     try:
         cfg = load_config(LaunchConfig, options)
     except ConfigError as exc:
@@ -469,6 +538,9 @@ def launch(ctx: click.Context, command: tuple[str, ...], **options: Any) -> None
             f"standbys {','.join(plan.standbys) or 'none'}, master {plan.master_addr}:{plan.master_port}"
         )
         say(f"master address {plan.master_addr}: {plan.master_from}")
+    if cfg.agent:
+        run_as_agent(ctx, plan, cfg, list(command))
+        return
     try:
         child = subprocess.Popen(list(command), env={**os.environ, **plan.child_env()})
     except FileNotFoundError:

@@ -16,14 +16,16 @@ from typing import Any, Protocol
 
 from trainguard.schemas.base import Event
 from trainguard.schemas.telemetry import SourceHealth
+from trainguard.schemas.workload import NODE_LOG_SOURCES
 from trainguard.streams.exporter.config import ExporterConfig
 from trainguard.streams.exporter.ranks import RankRegistry
 
 #: the ``source`` of the lines the exporter's own sources read from the kernel (``kernel_log``)
 #: and of NVML's Xid events (``nvml``).  A training process may not claim them (the ``reporter``
 #: source refuses it), so a line with one is the node's own: spooled last
-#: (``trainguard.streams.exporter.delivery.SpoolPriority``).
-KERNEL_SOURCES = frozenset({"kernel", "nvml"})
+#: (``trainguard.streams.exporter.delivery.SpoolPriority``) and the only kind the rule table's
+#: ``origin: node`` rows fire on.
+KERNEL_SOURCES = NODE_LOG_SOURCES
 
 
 class Source(Protocol):

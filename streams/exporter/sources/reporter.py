@@ -124,8 +124,8 @@ def peer_of(ancdata: list[tuple[int, int, bytes]]) -> Peer | None:
 
 
 def accept(raw: bytes, node: str, job: str) -> Event:
-    """Decode one event; fill in ``node`` if empty; bind it to ``job`` (its sender's job, "" =
-    unbound: the event's own stands).  Raise :class:`Rejected` for anything not accepted."""
+    """Decode one event; set ``node`` to this exporter's; bind it to ``job`` (its sender's job,
+    "" = unbound: the event's own stands).  Raise :class:`Rejected` for anything not accepted."""
     try:
         event = decode(raw, local=True)
     except DecodeError as exc:
@@ -137,7 +137,9 @@ def accept(raw: bytes, node: str, job: str) -> Event:
         # kernel's (trainguard.streams.exporter.delivery.SpoolPriority), which a rank is not.
         raise Rejected("invalid", f"a log line from a training process claims source {event.source!r}")
     changes: dict[str, Any] = {}
-    if not event.node and node:
+    if node and event.node != node:
+        # The sender runs on this node, whatever it says: a pod's hostname is not the node's
+        # name, and a rank naming another machine must not speak for it (#38).
         changes["node"] = node
     if job and event.job != job:
         if event.job:
