@@ -102,12 +102,12 @@ class LocalCluster:
             {"name": r.node.name, "url": r.url, "pid": r.proc.pid(), "healthy": r.healthy()}
             for r in self.replicas
         ]
-        zk = {
+        zk: dict[str, Any] = {
             "port": self.cfg.zookeeper_port,
             "pid": self.zookeeper.proc.pid(),
             "healthy": self.zookeeper.healthy(),
         }
-        parts = [*brokers, *replicas, zk]
+        parts: list[dict[str, Any]] = [*brokers, *replicas, zk]
         return {
             "running": self.running(),
             "healthy": all(p["healthy"] for p in parts),

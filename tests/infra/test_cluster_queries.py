@@ -14,24 +14,33 @@ from dataclasses import replace
 
 import pytest
 
-from tests.cluster_fixture import cluster_settings  # noqa: F401 -- the module's private cluster
-from tests.infra.test_named_queries import (  # noqa: F401 -- collected here again, on the cluster
-    incidents_store,
-    test_dead_letters,
-    test_detection_latency,
-    test_ettr_and_training_curve,
-    test_every_query_runs_on_an_empty_database,
-    test_incident_steps_evictions_and_standbys,
-    test_incidents_and_mttr_agree,
-    test_loader_takeovers,
-    test_machines_view,
-    test_node_checks,
+from tests.cluster_fixture import cluster_settings as cluster_settings  # the module's private cluster
+
+# Collected here again, on the cluster (``x as x``: the fixtures and tests this module re-uses).
+from tests.infra.test_named_queries import incidents_store as incidents_store
+from tests.infra.test_named_queries import test_dead_letters as test_dead_letters
+from tests.infra.test_named_queries import test_detection_latency as test_detection_latency
+from tests.infra.test_named_queries import test_ettr_and_training_curve as test_ettr_and_training_curve
+from tests.infra.test_named_queries import (
+    test_every_query_runs_on_an_empty_database as test_every_query_runs_on_an_empty_database,
 )
-from tests.infra.test_postmortem import (  # noqa: F401
-    test_ettr_counts_recomputed_steps_and_downtime_as_unproductive,
-    test_incident_timeline_joins_detection_decision_and_actions,
+from tests.infra.test_named_queries import (
+    test_incident_steps_evictions_and_standbys as test_incident_steps_evictions_and_standbys,
 )
-from tests.infra.test_report import report_store, test_report_data_from_the_named_queries  # noqa: F401
+from tests.infra.test_named_queries import test_incidents_and_mttr_agree as test_incidents_and_mttr_agree
+from tests.infra.test_named_queries import test_loader_takeovers as test_loader_takeovers
+from tests.infra.test_named_queries import test_machines_view as test_machines_view
+from tests.infra.test_named_queries import test_node_checks as test_node_checks
+from tests.infra.test_postmortem import (
+    test_ettr_counts_recomputed_steps_and_downtime_as_unproductive as test_ettr_counts_recomputed_steps_and_downtime_as_unproductive,
+)
+from tests.infra.test_postmortem import (
+    test_incident_timeline_joins_detection_decision_and_actions as test_incident_timeline_joins_detection_decision_and_actions,
+)
+from tests.infra.test_report import report_store as report_store
+from tests.infra.test_report import (
+    test_report_data_from_the_named_queries as test_report_data_from_the_named_queries,
+)
 from trainguard.infra.clickhouse.store import ClickHouseStore
 from trainguard.infra.config import Settings
 
@@ -39,7 +48,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
-def store(cluster_settings: Settings) -> Iterator[ClickHouseStore]:  # noqa: F811
+def store(cluster_settings: Settings) -> Iterator[ClickHouseStore]:
     """A migrated store in a fresh database of the cluster (replaces conftest's ``store``)."""
     db = f"tgtest_{uuid.uuid4().hex[:10]}"
     st = ClickHouseStore(replace(cluster_settings.clickhouse, database=db))

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.cluster_fixture import cluster_settings  # noqa: F401 -- the module's private cluster
+from tests.cluster_fixture import cluster_settings as cluster_settings  # the module's private cluster
 from tests.waiting import wait_until
 from trainguard.infra.bus import BusError, EventConsumer, EventProducer, create_topics
 from trainguard.infra.clickhouse.store import ClickHouseStore, StoreError
@@ -126,8 +126,9 @@ def test_a_retried_batch_is_stored_once_on_both_replicas(cluster_settings: Setti
         assert first.query(raw, params)[0][0] == 20
         for store in (first, second):
             wait_until(
-                lambda s=store: s.query(f"SELECT count() FROM training_steps_local WHERE {where}", params)[0][0]
-                == 20,
+                lambda s=store: (
+                    s.query(f"SELECT count() FROM training_steps_local WHERE {where}", params)[0][0] == 20
+                ),
                 30,
                 "the rows replicated to both replicas",
             )
