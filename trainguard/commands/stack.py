@@ -162,9 +162,9 @@ def status(ctx: click.Context, as_json: bool, cluster: bool) -> None:
         if cl.get("running") or s.stack.cluster:
             for part in [*cl["kafka"], *cl["clickhouse"]]:
                 where = part.get("bootstrap") or part.get("url")
-                click.echo(f"  {part['name']:10}{ok[part['healthy']]:8} {where}")
+                click.echo(f"  {part['name']:14}{ok[part['healthy']]:8} {where}")
             zk = cl["zookeeper"]
-            click.echo(f"  {'zookeeper':10}{ok[zk['healthy']]:8} 127.0.0.1:{zk['port']}")
+            click.echo(f"  {'zookeeper':14}{ok[zk['healthy']]:8} 127.0.0.1:{zk['port']}")
         if st.get("home"):
             click.echo(f"home        {st['home']} ({home_origin(s)})")
     ctx.exit(0 if st["healthy"] else 1)
