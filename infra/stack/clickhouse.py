@@ -217,7 +217,7 @@ class ClickHouseServer:
         for port in ports:
             if port_in_use(port):
                 raise StackError(
-                    f"port {port} ({self.node.name}) is already in use by another process; "
+                    f"port {port} is already in use by another process ({self.node.name} needs it); "
                     f"choose other ports with {where}."
                 )
 

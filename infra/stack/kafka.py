@@ -300,7 +300,7 @@ class KafkaServer:
                     "takes the next port)"
                 )
                 raise StackError(
-                    f"port {port} ({self.node.name}) is already in use by another process; "
+                    f"port {port} is already in use by another process ({self.node.name} needs it); "
                     f"choose other ports with {where}."
                 )
 
