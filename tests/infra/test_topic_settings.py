@@ -3,6 +3,7 @@ the endpoints ``stack.cluster`` points clients at: pure configuration, no broker
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,22 @@ def test_explicit_settings_win_over_the_cluster_stack_s(tmp_path: Path) -> None:
 def test_a_cluster_on_chdb_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cluster does not apply to a chdb DSN"):
         _load(tmp_path, {"clickhouse": {"dsn": "chdb:///tmp/x", "cluster": "c"}})
+
+
+def test_stack_status_cluster_lists_every_process_and_fails_when_none_runs(tmp_path: Path) -> None:
+    """`--cluster` points the command at the cluster's endpoints; nothing runs in this home, on
+    ports nobody listens on: every process is listed down and the exit status says so."""
+    from click.testing import CliRunner
+
+    from tests.cluster_fixture import cluster_env
+    from trainguard.cli import main
+
+    env = cluster_env(tmp_path)
+    del env["TRAINGUARD__STACK__CLUSTER"]  # what the flag sets
+    res = CliRunner().invoke(main, ["stack", "status", "--cluster", "--json"], env=env)
+    assert res.exit_code == 1, res.output
+    st = json.loads(res.output)
+    assert len(st["kafka"]["bootstrap_servers"].split(",")) == 3 and not st["healthy"]
+    cl = st["cluster"]
+    assert [b["name"] for b in cl["kafka"]] == ["kafka-1", "kafka-2", "kafka-3"]
+    assert not cl["running"] and not any(p["pid"] for p in cl["kafka"] + cl["clickhouse"])
