@@ -197,7 +197,7 @@ class JobsFollower:
         self.consumer = KafkaConsumer(
             **settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
         )
-        parts = [TopicPartition(JOBS.name, p) for p in range(JOBS.partitions)]
+        parts = [TopicPartition(JOBS.name, p) for p in range(settings.kafka.partitions(JOBS))]
         self.consumer.assign(parts)
         self.consumer.seek_to_beginning(*parts)
 
