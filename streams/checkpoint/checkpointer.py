@@ -1,0 +1,270 @@
+"""Every-step asynchronous checkpoints with a cross-parallel-group peer backup (ByteRobust §6.3).
+
+After step ``S`` the loop calls :meth:`Checkpointer.save`: model, optimizer and data position
+are copied into host memory (a dual buffer, so the copy allocates nothing once warm) and the
+loop goes on.  A writer thread then serializes the snapshot, writes the rank's shard and its
+manifest on the local disk, and sends the same bytes to the backup rank's server over TCP
+(:mod:`.transport`); that rank shares no TP, PP or DP group with this one (:mod:`.peers`).
+
+The loop waits only when both buffers are still being serialized.  Nothing the writer does
+raises into the loop: a failed local write or backup is counted in :meth:`Checkpointer.stats`
+and logged; after a failed backup the peer is left alone for ``peer_retry_s`` (counted as
+skipped), so a dead peer costs one connect timeout, in the writer thread, not one per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.streams.checkpoint.config import CheckpointConfig
+from trainguard.streams.checkpoint.peers import backup_rank
+from trainguard.streams.checkpoint.restore import RestoreResult, restore_state
+from trainguard.streams.checkpoint.state import serialize, snapshot_into, torch_module
+from trainguard.streams.checkpoint.store import Manifest, ShardStore
+from trainguard.streams.checkpoint.transport import BackupServer, send_backup, split_address
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """Counters of one rank's checkpointer: what was saved, what failed, what the loop paid."""
+
+    snapshots: int = 0
+    #: own shards complete (manifest written) on the local disk, and the newest such step.
+    written: int = 0
+    last_written: int = -1
+    #: backups the peer confirmed (checksum verified there), and the newest such step.
+    backed_up: int = 0
+    last_backed_up: int = -1
+    write_failures: int = 0
+    snapshot_failures: int = 0
+    backup_failures: int = 0
+    #: backups not attempted: no peer known, or the peer is in its retry pause after a failure.
+    backups_skipped: int = 0
+    #: seconds the loop spent copying state to host memory, and waiting for a free buffer.
+    snapshot_s: float = 0.0
+    blocked_s: float = 0.0
+    #: requests this rank's backup server refused (corrupt backups, hostile headers).
+    server_refused: int = 0
+    last_error: str = ""
+
+
+class Checkpointer:
+    """One rank's every-step checkpoints: local shard, peer backup, restore.
+
+    ``start()`` opens this rank's backup server; ``connect(addresses)`` gives every rank's
+    server address (``None``: gathered with ``torch.distributed``); then ``restore(...)`` once
+    and ``save(step, ...)`` after every optimizer step; ``close()`` at the end.
+    """
+
+    def __init__(self, config: CheckpointConfig) -> None:
+        self.config = config
+        self.store = ShardStore(config.directory, config.job, config.rank, fsync=config.fsync)
+        self.peer_rank = backup_rank(config)
+        self._server: BackupServer | None = None
+        self._addresses: list[str] = []
+        self._cond = threading.Condition()
+        self._buffers: list[Any] = [None, None]
+        self._busy = [False, False]
+        self._next = 0
+        self._queue: deque[tuple[int, int]] = deque()
+        self._writing = False
+        self._closing = False
+        self._peer_pause_until = 0.0
+        self._c: dict[str, Any] = dict(CheckpointStats().__dict__)
+        self._writer: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Open the backup server and the writer thread; returns this rank's ``host:port``."""
+        if self._server is None:
+            c = self.config
+            self._server = BackupServer(
+                self.store, c.listen_host, c.listen_port,
+                max_bytes=c.max_shard_bytes, keep=c.keep, timeout_s=c.io_timeout_s,
+            )  # fmt: skip
+            self._writer = threading.Thread(
+                target=self._write_loop, name=f"ckpt-writer-{c.rank}", daemon=True
+            )
+            self._writer.start()
+        return self.address
+
+    @property
+    def address(self) -> str:
+        if self._server is None:
+            raise RuntimeError("Checkpointer.start() first")
+        c = self.config
+        host = c.advertise_host or (c.listen_host if c.listen_host not in ("", "0.0.0.0", "::") else "")
+        return f"{host or socket.gethostname()}:{self._server.port}"
+
+    def connect(self, addresses: Sequence[str] | None = None) -> list[str]:
+        """Set every current rank's server address (index = rank); None gathers them over the
+        initialised default ``torch.distributed`` process group."""
+        if addresses is None:
+            dist = sys.modules.get("torch.distributed")
+            if dist is None or not dist.is_initialized():
+                raise RuntimeError("connect(None) needs an initialised torch.distributed process group")
+            gathered: list[Any] = [None] * self.config.world_size
+            dist.all_gather_object(gathered, self.address)
+            addresses = [str(a) for a in gathered]
+        if len(addresses) != self.config.world_size:
+            raise ValueError(f"{len(addresses)} addresses for a job of {self.config.world_size} ranks")
+        for a in addresses:
+            split_address(a)
+        self._addresses = list(addresses)
+        return self._addresses
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Finish the queued writes (up to ``timeout_s``), then stop the writer and the server."""
+        self.flush(timeout_s)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._writer is not None:
+            self._writer.join(timeout_s)
+        if self._server is not None:
+            self._server.close()
+
+    # --- the loop's side --------------------------------------------------------------------
+
+    def save(
+        self, step: int, model: Any, optimizer: Any = None, data_position: Any = None, extra: Any = None
+    ) -> bool:
+        """Snapshot the state after ``step`` and queue it; False when ``step`` is not a
+        checkpoint step or the snapshot failed (counted).  Never raises for a failed write."""
+        if step % self.config.every:
+            return False
+        if self._writer is None:
+            raise RuntimeError("Checkpointer.start() first")
+        t0 = time.perf_counter()
+        with self._cond:
+            idx = self._next
+            while self._busy[idx]:  # the writer still serializes the snapshot before last
+                self._cond.wait()
+        t1 = time.perf_counter()
+        try:
+            live = {
+                "step": step,
+                "model": model.state_dict(),
+                "optim": optimizer.state_dict() if optimizer is not None else None,
+                "data_position": data_position.state_dict() if data_position is not None else None,
+                "extra": extra,
+            }
+            self._buffers[idx] = snapshot_into(live, self._buffers[idx], torch_module().Tensor)
+        except Exception as exc:
+            self._count(snapshot_failures=1, last_error=f"snapshot of step {step}: {exc}")
+            log.exception("checkpoint snapshot of step %d failed", step)
+            return False
+        t2 = time.perf_counter()
+        with self._cond:
+            self._busy[idx] = True
+            self._next = 1 - idx
+            self._queue.append((step, idx))
+            self._c["snapshots"] += 1
+            self._c["blocked_s"] += t1 - t0
+            self._c["snapshot_s"] += t2 - t1
+            self._cond.notify_all()
+        return True
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued snapshot is written and backed up (or failed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._writing, timeout_s)
+
+    def restore(
+        self, model: Any, optimizer: Any = None, data_position: Any = None, *, at_most: int | None = None
+    ) -> RestoreResult:
+        """Load the newest step complete on the job's current machines into the given objects."""
+        own = self._addresses[self.config.rank] if self._addresses else ""
+        result = restore_state(self.config, self.store, self._addresses, own, at_most)
+        if result.step is not None:
+            st = result.state
+            model.load_state_dict(st["model"])
+            if optimizer is not None and st.get("optim") is not None:
+                optimizer.load_state_dict(st["optim"])
+            if data_position is not None and st.get("data_position") is not None:
+                data_position.load_state_dict(st["data_position"])
+        for reason in result.reasons:
+            log.warning("checkpoint restore of rank %d: %s", self.config.rank, reason)
+        return result
+
+    def stats(self) -> CheckpointStats:
+        with self._cond:
+            refused = self._server.refused if self._server else 0
+            return CheckpointStats(**{**self._c, "server_refused": refused})
+
+    # --- the writer thread ------------------------------------------------------------------
+
+    def _count(self, **delta: Any) -> None:
+        with self._cond:
+            for k, v in delta.items():
+                self._c[k] = v if isinstance(v, str) else self._c[k] + v
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closing)
+                if not self._queue:
+                    return
+                step, idx = self._queue.popleft()
+                self._writing = True
+            try:
+                self._write(step, idx)
+            except Exception as exc:  # the thread must outlive any one bad step
+                self._count(write_failures=1, last_error=f"step {step}: {exc}")
+                log.exception("checkpoint of step %d failed", step)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def _write(self, step: int, idx: int) -> None:
+        c = self.config
+        try:
+            data = serialize(self._buffers[idx])
+        finally:
+            with self._cond:  # the bytes are independent of the buffer: the loop may refill it
+                self._busy[idx] = False
+                self._cond.notify_all()
+        m = Manifest(c.job, step, c.rank, c.world_size, len(data), hashlib.sha256(data).hexdigest())
+        try:
+            self.store.put(m, data)
+            self.store.prune(c.rank, c.keep)
+            self._count(written=1)
+            with self._cond:
+                self._c["last_written"] = step
+        except Exception as exc:
+            self._count(write_failures=1, last_error=f"local shard of step {step}: {exc}")
+            log.warning("checkpoint: local shard of step %d not written: %s", step, exc)
+        self._backup(m, data)
+
+    def _backup(self, m: Manifest, data: bytes) -> None:
+        c = self.config
+        if self.peer_rank is None:
+            return  # a one-machine job: there is no other machine to hold a backup
+        if not self._addresses or time.monotonic() < self._peer_pause_until:
+            self._count(backups_skipped=1)
+            return
+        address = self._addresses[self.peer_rank]
+        try:
+            send_backup(address, m, data, connect_s=c.connect_timeout_s, io_s=c.io_timeout_s)
+            self._count(backed_up=1)
+            with self._cond:
+                self._c["last_backed_up"] = m.step
+        except Exception as exc:
+            self._peer_pause_until = time.monotonic() + c.peer_retry_s
+            self._count(
+                backup_failures=1, last_error=f"backup of step {m.step} to rank {self.peer_rank}: {exc}"
+            )
+            log.warning("checkpoint: backup of step %d to %s failed: %s", m.step, address, exc)

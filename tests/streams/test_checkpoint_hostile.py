@@ -1,0 +1,136 @@
+"""Bad input to the checkpointer: hostile peers, forged manifests, torn shards, dead peers, bad disks.
+
+None of it may crash the training rank or be lost silently: each is refused with a reason,
+counted, or skipped for an older complete step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.streams.ckpt_job import make_rank, start_job
+from trainguard.streams.checkpoint.store import Manifest
+from trainguard.streams.checkpoint.transport import TransportError, fetch_shard, split_address
+
+LAYOUT = {"dp": 2, "ranks_per_machine": 1}
+
+
+def raw_request(address: str, header: Any, payload: bytes = b"") -> dict[str, Any]:
+    """One request as a hostile peer would send it, bypassing the client's checks."""
+    body = json.dumps(header).encode()
+    with socket.create_connection(split_address(address), timeout=5) as s:
+        s.sendall(struct.pack(">I", len(body)) + body + payload)
+        (n,) = struct.unpack(">I", s.recv(4))
+        return json.loads(s.recv(n))
+
+
+def manifest(data: bytes, **over: Any) -> dict[str, Any]:
+    m = Manifest("ckpt-test", 5, 1, 2, len(data), hashlib.sha256(data).hexdigest()).to_dict()
+    return {**m, **over}
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    r = make_rank(0, tmp_path / "m0", LAYOUT)
+    yield r
+    r.ckpt.close()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"op": "put", "manifest": manifest(b"x" * 10, job="../../../etc")},
+        {"op": "put", "manifest": manifest(b"x" * 10, rank="../../x")},
+        {"op": "put", "manifest": manifest(b"x" * 10, step=-1)},
+        {"op": "put", "manifest": {**manifest(b"x" * 10), "name": "../../evil.pt"}},
+        {"op": "put", "manifest": manifest(b"x" * 10, job="other-job")},
+        {"op": "get", "job": "ckpt-test", "step": "../1", "rank": 0},
+        {"op": "list", "job": "/etc"},
+        {"op": "rm -rf"},
+        ["not", "an", "object"],
+    ],
+)
+def test_hostile_requests_are_refused_and_write_nothing(server, tmp_path: Path, header: Any) -> None:
+    reply = raw_request(server.ckpt.address, header, b"x" * 10)
+    assert reply["ok"] is False and reply["error"]
+    assert server.ckpt.stats().server_refused == 1
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert files == []  # nothing written, inside the store or outside it
+
+
+def test_forged_or_truncated_backup_is_refused(server, tmp_path: Path) -> None:
+    data = b"real shard bytes"
+    forged = manifest(data, sha256=hashlib.sha256(b"other").hexdigest())
+    assert raw_request(server.ckpt.address, {"op": "put", "manifest": forged}, data)["error"].startswith(
+        "sha256 mismatch"
+    )
+    # The peer promises 16 bytes and hangs up after 4: a torn backup is never renamed into place.
+    body = json.dumps({"op": "put", "manifest": manifest(data)}).encode()
+    with socket.create_connection(split_address(server.ckpt.address), timeout=5) as s:
+        s.sendall(struct.pack(">I", len(body)) + body + data[:4])
+        s.shutdown(socket.SHUT_WR)
+        assert b"truncated" in s.recv(4096)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert server.ckpt.stats().server_refused == 2
+
+
+def test_a_torn_local_shard_is_passed_over(tmp_path: Path) -> None:
+    ranks = start_job(tmp_path, LAYOUT)
+    try:
+        for step in (1, 2):
+            for r in ranks:
+                r.train(step)
+        for r in ranks:
+            r.ckpt.flush(10)
+        # Rank 0's own step-2 shard is truncated, and the backup of it on rank 1's machine lost.
+        own = tmp_path / "machine-0" / "ckpt-test" / "holder-00000" / "r00000-s000000002.pt"
+        own.write_bytes(own.read_bytes()[:100])
+        (tmp_path / "machine-1" / "ckpt-test" / "holder-00001" / "r00000-s000000002.json").unlink()
+        result = ranks[0].ckpt.restore(ranks[0].model, ranks[0].opt)
+        assert result.step == 1 and result.fell_back
+        assert any("truncated" in r for r in result.reasons)
+        # A client asking a peer for a shard it holds only torn gets an error, never the bytes.
+        with pytest.raises(TransportError, match="no valid local copy"):
+            fetch_shard(ranks[0].ckpt.address, "ckpt-test", 2, 0, connect_s=1, io_s=5)
+    finally:
+        for r in ranks:
+            r.ckpt.close()
+
+
+def test_unreachable_peer_never_stops_training(tmp_path: Path) -> None:
+    r = make_rank(0, tmp_path / "m0", LAYOUT, peer_retry_s=60)
+    try:
+        r.ckpt.connect([r.ckpt.address, "127.0.0.1:9"])  # the peer's machine is gone
+        for step in range(1, 5):
+            r.train(step)  # would raise here if a failure leaked into the loop
+        assert r.ckpt.flush(10)
+        s = r.ckpt.stats()
+        assert (s.written, s.backed_up, s.backup_failures, s.backups_skipped) == (4, 0, 1, 3)
+        assert "127.0.0.1:9 unreachable" in s.last_error
+    finally:
+        r.ckpt.close()
+
+
+def test_a_failing_disk_is_counted_and_the_backup_still_sent(tmp_path: Path) -> None:
+    ranks = start_job(tmp_path, LAYOUT)
+    try:
+        # Rank 0's checkpoint folder becomes unusable (here: a file where the folder was).
+        shutil.rmtree(ranks[0].ckpt.store.dir)
+        ranks[0].ckpt.store.dir.write_text("not a folder")
+        for step in (1, 2):
+            ranks[0].train(step)
+        assert ranks[0].ckpt.flush(10)
+        s = ranks[0].ckpt.stats()
+        assert (s.written, s.write_failures, s.backed_up) == (0, 2, 2)
+        assert "local shard of step 2" in s.last_error
+    finally:
+        for r in ranks:
+            r.ckpt.close()
