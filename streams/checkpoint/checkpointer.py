@@ -2,11 +2,12 @@
 
 After step ``S`` the loop calls :meth:`Checkpointer.save`: model, optimizer and data position
 are copied into host memory (a dual buffer, so the copy allocates nothing once warm) and the
-loop goes on.  A writer thread then serializes the snapshot, writes the rank's shard and its
-manifest on the local disk, and sends the same bytes to the backup rank's server over TCP
-(:mod:`.transport`); that rank shares no TP, PP or DP group with this one (:mod:`.peers`).
+loop goes on.  A writer thread then writes the snapshot as the rank's shard (:mod:`.state`: no
+pickling, the tensors' own bytes) and its manifest on the local disk, and sends the same bytes
+to the backup rank's server over TCP (:mod:`.transport`); that rank shares no TP, PP or DP group
+with this one (:mod:`.peers`).
 
-The loop waits only when both buffers are still being serialized.  Nothing the writer does
+The loop waits only when both buffers are still being written or sent.  Nothing the writer does
 raises into the loop: a failed local write or backup is counted in :meth:`Checkpointer.stats`
 and logged; after a failed backup the peer is left alone for ``peer_retry_s`` (counted as
 skipped), so a dead peer costs one connect timeout, in the writer thread, not one per step.
@@ -14,7 +15,6 @@ skipped), so a dead peer costs one connect timeout, in the writer thread, not on
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import socket
 import sys
@@ -28,8 +28,8 @@ from typing import Any
 from trainguard.streams.checkpoint.config import CheckpointConfig
 from trainguard.streams.checkpoint.peers import backup_rank
 from trainguard.streams.checkpoint.restore import RestoreResult, restore_state
-from trainguard.streams.checkpoint.state import serialize, snapshot_into, torch_module
-from trainguard.streams.checkpoint.store import Manifest, ShardStore
+from trainguard.streams.checkpoint.state import encode, snapshot_into, torch_module
+from trainguard.streams.checkpoint.store import Manifest, Parts, ShardStore, digest
 from trainguard.streams.checkpoint.transport import BackupServer, send_backup, split_address
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         with self._cond:
             idx = self._next
-            while self._busy[idx]:  # the writer still serializes the snapshot before last
+            while self._busy[idx]:  # the writer still writes or sends the snapshot before last
                 self._cond.wait()
         t1 = time.perf_counter()
         try:
@@ -232,24 +232,27 @@ class Checkpointer:
     def _write(self, step: int, idx: int) -> None:
         c = self.config
         try:
-            data = serialize(self._buffers[idx])
+            # Zero-copy views of the snapshot: the buffer stays busy until the shard is on the
+            # local disk and with the peer, and only then may the loop refill it.
+            parts = encode(self._buffers[idx], torch_module().Tensor)
+            size, sha = digest(parts)
+            m = Manifest(c.job, step, c.rank, c.world_size, size, sha)
+            try:
+                self.store.put(m, parts)
+                self.store.prune(c.rank, c.keep)
+                self._count(written=1)
+                with self._cond:
+                    self._c["last_written"] = step
+            except Exception as exc:
+                self._count(write_failures=1, last_error=f"local shard of step {step}: {exc}")
+                log.warning("checkpoint: local shard of step %d not written: %s", step, exc)
+            self._backup(m, parts)
         finally:
-            with self._cond:  # the bytes are independent of the buffer: the loop may refill it
+            with self._cond:
                 self._busy[idx] = False
                 self._cond.notify_all()
-        m = Manifest(c.job, step, c.rank, c.world_size, len(data), hashlib.sha256(data).hexdigest())
-        try:
-            self.store.put(m, data)
-            self.store.prune(c.rank, c.keep)
-            self._count(written=1)
-            with self._cond:
-                self._c["last_written"] = step
-        except Exception as exc:
-            self._count(write_failures=1, last_error=f"local shard of step {step}: {exc}")
-            log.warning("checkpoint: local shard of step %d not written: %s", step, exc)
-        self._backup(m, data)
 
-    def _backup(self, m: Manifest, data: bytes) -> None:
+    def _backup(self, m: Manifest, data: Parts) -> None:
         c = self.config
         if self.peer_rank is None:
             return  # a one-machine job: there is no other machine to hold a backup

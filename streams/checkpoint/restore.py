@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.streams.checkpoint.config import CheckpointConfig
-from trainguard.streams.checkpoint.state import deserialize
+from trainguard.streams.checkpoint.state import decode
 from trainguard.streams.checkpoint.store import Manifest, ShardError, ShardStore
 from trainguard.streams.checkpoint.transport import TransportError, Unreachable, fetch_shard, list_shards
 
@@ -99,9 +99,10 @@ def _load_own(
                 _, data = store.read(cfg.rank, step)
             else:
                 _, data = fetch_shard(
-                    source, cfg.job, step, cfg.rank, connect_s=cfg.connect_timeout_s, io_s=cfg.io_timeout_s
-                )
-            return source, deserialize(data)
+                    source, cfg.job, step, cfg.rank, connect_s=cfg.connect_timeout_s,
+                    io_s=cfg.io_timeout_s, max_bytes=cfg.max_shard_bytes,
+                )  # fmt: skip
+            return source, decode(data)
         except (ShardError, TransportError, OSError, ValueError, RuntimeError) as exc:
             reasons.append(f"step {step}: rank {cfg.rank}'s copy on {source} unusable: {exc}")
     return None

@@ -2,7 +2,7 @@
 
 Layout under the configured directory (the machine's own disk)::
 
-    <job>/holder-<H>/r<RANK>-s<STEP>.pt     the serialized state of rank RANK at step STEP
+    <job>/holder-<H>/r<RANK>-s<STEP>.shard     the serialized state of rank RANK at step STEP
     <job>/holder-<H>/r<RANK>-s<STEP>.json   its manifest: job, step, rank, world size, size, sha256
 
 ``holder-H`` is the folder of the rank-H process on this machine: its own shards (RANK == H)
@@ -20,11 +20,15 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from trainguard.schemas import names
+
+#: a shard as the writer hands it out: its parts in order (zero-copy views of the snapshot).
+Parts: TypeAlias = Sequence[bytes | bytearray | memoryview]
 
 #: manifest format; another version is not trusted.
 MANIFEST_VERSION = 1
@@ -74,12 +78,13 @@ def shard_name(rank: int, step: int) -> str:
     return f"r{rank:05d}-s{step:09d}"
 
 
-def write_atomic(path: Path, data: bytes, *, fsync: bool) -> None:
+def write_atomic(path: Path, data: bytes | Parts, *, fsync: bool) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in [data] if isinstance(data, bytes) else data:
+                f.write(part)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -104,21 +109,21 @@ class ShardStore:
         #: (path, size, mtime_ns) -> verdict: a listed shard is hashed once, not on every list.
         self._verified: dict[tuple[str, int, int], str | None] = {}
 
-    def put(self, manifest: Manifest, data: bytes) -> Path:
+    def put(self, manifest: Manifest, data: bytes | Parts) -> Path:
         """Store ``data`` as ``manifest`` says (checked against it first); returns the shard path."""
         check(manifest, data, self.job)
         base = self.dir / shard_name(manifest.rank, manifest.step)
         # A manifest left by an earlier write of this step must not vouch for the new bytes.
         base.with_suffix(".json").unlink(missing_ok=True)
-        write_atomic(base.with_suffix(".pt"), data, fsync=self.fsync)
+        write_atomic(base.with_suffix(".shard"), data, fsync=self.fsync)
         write_atomic(base.with_suffix(".json"), json.dumps(manifest.to_dict()).encode(), fsync=self.fsync)
-        return base.with_suffix(".pt")
+        return base.with_suffix(".shard")
 
     def commit_file(self, manifest: Manifest, tmp: Path) -> None:
         """Rename an already verified temporary file (received from a peer) into place."""
         base = self.dir / shard_name(manifest.rank, manifest.step)
         base.with_suffix(".json").unlink(missing_ok=True)
-        os.replace(tmp, base.with_suffix(".pt"))
+        os.replace(tmp, base.with_suffix(".shard"))
         write_atomic(base.with_suffix(".json"), json.dumps(manifest.to_dict()).encode(), fsync=self.fsync)
 
     def _entries(self) -> list[tuple[Path, int, int]]:
@@ -147,7 +152,7 @@ class ShardStore:
         m = Manifest.from_dict(json.loads(mf.read_bytes()))
         if (m.job, m.rank, m.step) != (self.job, rank, step):
             raise ShardError("manifest names another shard than its file")
-        pt = mf.with_suffix(".pt")
+        pt = mf.with_suffix(".shard")
         st = pt.stat()
         key = (str(pt), st.st_size, st.st_mtime_ns)
         if key not in self._verified:
@@ -167,7 +172,7 @@ class ShardStore:
             base = holder / shard_name(rank, step)
             try:
                 m = Manifest.from_dict(json.loads(base.with_suffix(".json").read_bytes()))
-                data = base.with_suffix(".pt").read_bytes()
+                data = base.with_suffix(".shard").read_bytes()
                 check(m, data, self.job)
                 if (m.rank, m.step) != (rank, step):
                     raise ShardError("manifest names another shard than its file")
@@ -187,15 +192,25 @@ class ShardStore:
             base = self.dir / shard_name(rank, step)
             # Manifest first: a shard without one is incomplete, never a shard vouched for by a stale one.
             base.with_suffix(".json").unlink(missing_ok=True)
-            base.with_suffix(".pt").unlink(missing_ok=True)
+            base.with_suffix(".shard").unlink(missing_ok=True)
         self._verified = {k: v for k, v in self._verified.items() if Path(k[0]).exists()}
 
 
-def check(manifest: Manifest, data: bytes, job: str) -> None:
+def digest(parts: bytes | Parts) -> tuple[int, str]:
+    """(size, sha256 hex) of a shard given whole or in parts."""
+    h, size = hashlib.sha256(), 0
+    for part in [parts] if isinstance(parts, bytes) else parts:
+        h.update(part)
+        size += len(part) if not isinstance(part, memoryview) else part.nbytes
+    return size, h.hexdigest()
+
+
+def check(manifest: Manifest, data: bytes | Parts, job: str) -> None:
     """Raise :class:`ShardError` unless ``data`` is what ``manifest`` (of ``job``) describes."""
     if manifest.job != job:
         raise ShardError(f"shard of job {manifest.job!r}, this is job {job!r}")
-    if len(data) != manifest.size:
-        raise ShardError(f"size {len(data)} != manifest's {manifest.size} (truncated?)")
-    if hashlib.sha256(data).hexdigest() != manifest.sha256:
+    size, sha = digest(data)
+    if size != manifest.size:
+        raise ShardError(f"size {size} != manifest's {manifest.size} (truncated?)")
+    if sha != manifest.sha256:
         raise ShardError("sha256 mismatch: the shard or its manifest is corrupt or forged")

@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainguard.streams.checkpoint.store import Manifest, ShardError, ShardStore, check
+from trainguard.streams.checkpoint.store import Manifest, Parts, ShardError, ShardStore, check
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,11 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes = b"") -> None:
+def _send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes | Parts = b"") -> None:
     raw = json.dumps(header).encode()
     sock.sendall(_LEN.pack(len(raw)) + raw)
-    if payload:
-        sock.sendall(payload)
+    for part in [payload] if isinstance(payload, bytes) else payload:
+        sock.sendall(part)
 
 
 def _recv_header(sock: socket.socket) -> dict[str, Any]:
@@ -179,7 +179,7 @@ class BackupServer:
 
 
 def _call(
-    address: str, header: dict[str, Any], payload: bytes, *, connect_s: float, io_s: float
+    address: str, header: dict[str, Any], payload: bytes | Parts, *, connect_s: float, io_s: float
 ) -> tuple[socket.socket, dict[str, Any]]:
     host, port = split_address(address)
     try:
@@ -199,7 +199,9 @@ def _call(
     return sock, reply
 
 
-def send_backup(address: str, manifest: Manifest, data: bytes, *, connect_s: float, io_s: float) -> None:
+def send_backup(
+    address: str, manifest: Manifest, data: bytes | Parts, *, connect_s: float, io_s: float
+) -> None:
     """Store ``data`` on the peer at ``address``; :class:`TransportError` unless it confirms."""
     sock, _ = _call(
         address, {"op": "put", "manifest": manifest.to_dict()}, data, connect_s=connect_s, io_s=io_s
@@ -221,15 +223,17 @@ def list_shards(address: str, job: str, *, connect_s: float, io_s: float) -> tup
 
 
 def fetch_shard(
-    address: str, job: str, step: int, rank: int, *, connect_s: float, io_s: float
+    address: str, job: str, step: int, rank: int, *, connect_s: float, io_s: float, max_bytes: int = 1 << 50
 ) -> tuple[Manifest, bytes]:
-    """Pull (rank, step) from ``address`` and check it against its manifest."""
+    """Pull (rank, step) from ``address`` and check it against its manifest (at most ``max_bytes``)."""
     header = {"op": "get", "job": job, "step": step, "rank": rank}
     sock, reply = _call(address, header, b"", connect_s=connect_s, io_s=io_s)
     try:
         m = Manifest.from_dict(reply.get("manifest"))
         if (m.job, m.step, m.rank) != (job, step, rank):
             raise ShardError(f"{address} sent another shard than asked for")
+        if m.size > max_bytes:
+            raise ShardError(f"{address} offers a shard of {m.size} bytes, over max_shard_bytes {max_bytes}")
         data = _recv_exact(sock, m.size)
         check(m, data, job)
         return m, data

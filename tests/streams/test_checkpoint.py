@@ -36,7 +36,7 @@ def test_every_step_shard_and_cross_group_backup(tmp_path: Path) -> None:
             peer_dir = tmp_path / f"machine-{3 - r.rank}" / "ckpt-test" / f"holder-{3 - r.rank:05d}"
             own_dir = tmp_path / f"machine-{r.rank}" / "ckpt-test" / f"holder-{r.rank:05d}"
             # keep=2: the two newest steps, each a shard plus its manifest, on both machines.
-            want = {f"r{r.rank:05d}-s{s:09d}.{ext}" for s in (3, 4) for ext in ("pt", "json")}
+            want = {f"r{r.rank:05d}-s{s:09d}.{ext}" for s in (3, 4) for ext in ("shard", "json")}
             assert {p.name for p in own_dir.glob(f"r{r.rank:05d}-*")} == want
             assert {p.name for p in peer_dir.glob(f"r{r.rank:05d}-*")} == want
     finally:
@@ -97,7 +97,7 @@ def test_corrupt_backup_of_an_evicted_rank_falls_back_to_an_older_step(tmp_path:
         ranks[1].ckpt.close()
         shutil.rmtree(tmp_path / "machine-1")
         # Rank 1's newest backup (on rank 2's machine) rots: one flipped byte.
-        backup = tmp_path / "machine-2" / "ckpt-test" / "holder-00002" / "r00001-s000000003.pt"
+        backup = tmp_path / "machine-2" / "ckpt-test" / "holder-00002" / "r00001-s000000003.shard"
         raw = bytearray(backup.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         backup.write_bytes(bytes(raw))

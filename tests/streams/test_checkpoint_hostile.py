@@ -91,7 +91,7 @@ def test_a_torn_local_shard_is_passed_over(tmp_path: Path) -> None:
         for r in ranks:
             r.ckpt.flush(10)
         # Rank 0's own step-2 shard is truncated, and the backup of it on rank 1's machine lost.
-        own = tmp_path / "machine-0" / "ckpt-test" / "holder-00000" / "r00000-s000000002.pt"
+        own = tmp_path / "machine-0" / "ckpt-test" / "holder-00000" / "r00000-s000000002.shard"
         own.write_bytes(own.read_bytes()[:100])
         (tmp_path / "machine-1" / "ckpt-test" / "holder-00001" / "r00000-s000000002.json").unlink()
         result = ranks[0].ckpt.restore(ranks[0].model, ranks[0].opt)
@@ -134,3 +134,26 @@ def test_a_failing_disk_is_counted_and_the_backup_still_sent(tmp_path: Path) -> 
     finally:
         for r in ranks:
             r.ckpt.close()
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"t": "load", "shape": [1], "at": 0, "n": 4},  # a torch attribute that is not a dtype
+        {"t": "float32", "shape": [1000], "at": 0, "n": 4000},  # runs past the shard's bytes
+        {"t": "float32", "shape": [2], "at": 0, "n": 4},  # size does not match the shape
+        {"d": [[{"l": []}, {"v": 1}]]},  # an unhashable dict key
+        {"v": {"__reduce__": "os.system"}},  # a value that is not a plain scalar
+    ],
+)
+def test_a_malformed_shard_is_refused_on_decode(node: Any) -> None:
+    import torch
+
+    from trainguard.streams.checkpoint.state import MAGIC, decode, encode
+
+    snapshot = {"model": {"w": torch.ones(1)}}  # the parts are views into it: it must stay alive
+    good = b"".join(encode(snapshot, torch.Tensor))
+    assert torch.equal(decode(good)["model"]["w"], torch.ones(1))
+    meta = json.dumps({"d": [[{"v": "model"}, node]]}).encode()
+    with pytest.raises(ValueError):
+        decode(MAGIC + struct.pack(">Q", len(meta)) + meta + b"\0" * 4)
