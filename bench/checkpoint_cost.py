@@ -11,7 +11,9 @@ restores of rank 0: in place (its own disk) and on a replacement machine with an
 pulls its shard from rank 1's server over TCP.
 
 Printed per size: the median over ``--runs`` runs of each run's mean step time without and with
-checkpoints, the overhead, the loop's time inside ``save()`` per step, and the two restore times.
+checkpoints, the overhead, the share of steps saved, the loop's time inside ``save()`` per step
+(copying to host memory, waiting for the writer), and the two restore times.  ``--when-behind
+skip`` lets a rank skip a step's checkpoint while its writer is still busy instead of waiting.
 Torch runs one thread per rank: two ranks on this 2-core machine, as a GPU job's ranks leave
 their CPU mostly free for the writer.
 """
@@ -75,10 +77,15 @@ def train(
     return times
 
 
+#: ``--when-behind``: wait for the writer (every step saved) or skip a step while it is behind.
+WHEN_BEHIND = "wait"
+
+
 def checkpointer(directory: Path, rank: int) -> Checkpointer:
     cfg = CheckpointConfig(
-        job="bench", directory=str(directory), rank=rank, dp=2, ranks_per_machine=1, listen_host="127.0.0.1"
-    )
+        job="bench", directory=str(directory), rank=rank, dp=2, ranks_per_machine=1,
+        listen_host="127.0.0.1", when_behind=WHEN_BEHIND,
+    )  # fmt: skip
     c = Checkpointer(cfg)
     c.start()
     return c
@@ -90,7 +97,7 @@ class Job:
     def __init__(self, size: str, tmp: Path) -> None:
         self.size, self.tmp, self.step = size, tmp, 1
         self.peer = subprocess.Popen(
-            [sys.executable, __file__, "--peer", str(tmp / "machine-1"), size],
+            [sys.executable, __file__, "--peer", str(tmp / "machine-1"), size, "--when-behind", WHEN_BEHIND],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.peer_address = self._reply()
@@ -135,10 +142,14 @@ def one_run(size: str, steps: int, tmp: Path) -> dict[str, float]:
         before = ckpt.stats()
         with_ckpt = statistics.fmean(job.train(steps, ckpt))
         s = ckpt.stats()
-        assert s.write_failures == s.backup_failures == 0 and s.backed_up == before.backed_up + steps, s
-        in_save = (s.snapshot_s + s.blocked_s - before.snapshot_s - before.blocked_s) / steps
+        saved = s.snapshots - before.snapshots
+        assert s.write_failures == s.backup_failures == 0 and s.backed_up == before.backed_up + saved, s
         ckpt.close()
-        out = {"plain_ms": plain * 1e3, "ckpt_ms": with_ckpt * 1e3, "save_ms": in_save * 1e3}
+        out = {
+            "plain_ms": plain * 1e3, "ckpt_ms": with_ckpt * 1e3, "saved_pct": 100 * saved / steps,
+            "snapshot_ms": (s.snapshot_s - before.snapshot_s) / steps * 1e3,
+            "waited_ms": (s.blocked_s - before.blocked_s) / steps * 1e3,
+        }  # fmt: skip
         for key, directory in (
             ("restore_local_s", tmp / "machine-0"),
             ("restore_peer_s", tmp / "replacement"),
@@ -149,7 +160,7 @@ def one_run(size: str, steps: int, tmp: Path) -> dict[str, float]:
             t0 = time.perf_counter()
             r = c.restore(fresh, fresh_opt)
             out[key] = time.perf_counter() - t0
-            assert r.step == job.step - 1 and (r.source == "local") == (key == "restore_local_s"), r
+            assert r.step is not None and (r.source == "local") == (key == "restore_local_s"), r
             c.close()
         return out
     finally:
@@ -178,12 +189,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--when-behind", choices=("wait", "skip"), default="wait")
     ap.add_argument("--peer", nargs=2, metavar=("DIR", "SIZE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global WHEN_BEHIND
+    WHEN_BEHIND = args.when_behind
     if args.peer:
         return peer_main(*args.peer)
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread per rank, CPU; {args.runs} runs of {args.steps} steps")
+    print(
+        f"torch {torch.__version__}, 1 thread per rank, CPU; {args.runs} runs of {args.steps} steps; "
+        f"when_behind={WHEN_BEHIND}"
+    )
     for size in SIZES:
         model, _ = build(size)
         n = sum(p.numel() for p in model.parameters())
@@ -196,8 +213,9 @@ def main(argv: list[str] | None = None) -> None:
         overhead = 100 * (med["ckpt_ms"] / med["plain_ms"] - 1)
         print(
             f"{size:>4}: {n:,} params, shard {shard_mb:.1f} MB | step {med['plain_ms']:.1f} ms plain, "
-            f"{med['ckpt_ms']:.1f} ms checkpointing every step (+{overhead:.1f}%), "
-            f"{med['save_ms']:.2f} ms in save() | restore {med['restore_local_s'] * 1e3:.0f} ms local, "
+            f"{med['ckpt_ms']:.1f} ms checkpointing every step (+{overhead:.1f}%; {med['saved_pct']:.0f}% of "
+            f"steps saved), in save() {med['snapshot_ms']:.2f} ms copying + {med['waited_ms']:.2f} ms "
+            f"waiting for the writer | restore {med['restore_local_s'] * 1e3:.0f} ms local, "
             f"{med['restore_peer_s'] * 1e3:.0f} ms from the peer (medians of {args.runs})"
         )
 

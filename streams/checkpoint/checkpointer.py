@@ -7,7 +7,8 @@ pickling, the tensors' own bytes) and its manifest on the local disk, and sends 
 to the backup rank's server over TCP (:mod:`.transport`); that rank shares no TP, PP or DP group
 with this one (:mod:`.peers`).
 
-The loop waits only when both buffers are still being written or sent.  Nothing the writer does
+The loop waits only when both buffers are still being written or sent (or, with
+``when_behind="skip"``, skips that step's checkpoint and counts it).  Nothing the writer does
 raises into the loop: a failed local write or backup is counted in :meth:`Checkpointer.stats`
 and logged; after a failed backup the peer is left alone for ``peer_retry_s`` (counted as
 skipped), so a dead peer costs one connect timeout, in the writer thread, not one per step.
@@ -49,6 +50,8 @@ class CheckpointStats:
     write_failures: int = 0
     snapshot_failures: int = 0
     backup_failures: int = 0
+    #: checkpoint steps not saved because both buffers were busy (``when_behind="skip"``).
+    skipped_busy: int = 0
     #: backups not attempted: no peer known, or the peer is in its retry pause after a failure.
     backups_skipped: int = 0
     #: seconds the loop spent copying state to host memory, and waiting for a free buffer.
@@ -142,7 +145,8 @@ class Checkpointer:
         self, step: int, model: Any, optimizer: Any = None, data_position: Any = None, extra: Any = None
     ) -> bool:
         """Snapshot the state after ``step`` and queue it; False when ``step`` is not a
-        checkpoint step or the snapshot failed (counted).  Never raises for a failed write."""
+        checkpoint step, or was skipped (``when_behind="skip"``) or the snapshot failed (both
+        counted).  Never raises for a failed write."""
         if step % self.config.every:
             return False
         if self._writer is None:
@@ -150,6 +154,9 @@ class Checkpointer:
         t0 = time.perf_counter()
         with self._cond:
             idx = self._next
+            if self._busy[idx] and self.config.when_behind == "skip":
+                self._c["skipped_busy"] += 1
+                return False
             while self._busy[idx]:  # the writer still writes or sends the snapshot before last
                 self._cond.wait()
         t1 = time.perf_counter()
@@ -238,7 +245,7 @@ class Checkpointer:
             size, sha = digest(parts)
             m = Manifest(c.job, step, c.rank, c.world_size, size, sha)
             try:
-                self.store.put(m, parts)
+                self.store.put(m, parts, verify=False)  # m was just computed from these parts
                 self.store.prune(c.rank, c.keep)
                 self._count(written=1)
                 with self._cond:

@@ -53,6 +53,10 @@ class CheckpointConfig:
     peer_retry_s: float = field(default=10.0, metadata=bounds(0.0, 86400))
     #: restore waits this long for the other ranks' servers to come up before calling them gone.
     restore_wait_s: float = field(default=30.0, metadata=bounds(0.0, 86400))
+    #: when the writer is still busy with both host buffers at a checkpoint step: ``wait`` (the
+    #: loop waits, so every checkpoint step is saved; ByteRobust's integrity rule) or ``skip``
+    #: (that step is not checkpointed, counted in ``skipped_busy``: the loop never waits on I/O).
+    when_behind: str = field(default="wait", metadata=bounds(max_len=8))
     #: the largest shard a server accepts from a peer (a bound on what a hostile peer can fill).
     max_shard_bytes: int = field(default=64 << 30, metadata=bounds(1, 1 << 50))
     #: fsync each shard before its manifest.  Off by default: a dead *process* loses nothing
@@ -62,6 +66,8 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         if sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
             raise ValueError(f"order {self.order!r} must be a permutation of tp, dp, pp")
+        if self.when_behind not in ("wait", "skip"):
+            raise ValueError(f"when_behind must be 'wait' or 'skip', not {self.when_behind!r}")
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} outside a job of {self.world_size} ranks")
         if self.backup_rank >= self.world_size:

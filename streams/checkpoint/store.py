@@ -109,9 +109,11 @@ class ShardStore:
         #: (path, size, mtime_ns) -> verdict: a listed shard is hashed once, not on every list.
         self._verified: dict[tuple[str, int, int], str | None] = {}
 
-    def put(self, manifest: Manifest, data: bytes | Parts) -> Path:
-        """Store ``data`` as ``manifest`` says (checked against it first); returns the shard path."""
-        check(manifest, data, self.job)
+    def put(self, manifest: Manifest, data: bytes | Parts, *, verify: bool = True) -> Path:
+        """Store ``data`` as ``manifest`` says (checked against it first, unless the caller has
+        just computed the manifest from these very bytes); returns the shard path."""
+        if verify:
+            check(manifest, data, self.job)
         base = self.dir / shard_name(manifest.rank, manifest.step)
         # A manifest left by an earlier write of this step must not vouch for the new bytes.
         base.with_suffix(".json").unlink(missing_ok=True)

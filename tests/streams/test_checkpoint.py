@@ -140,3 +140,5 @@ def test_interval_and_config_errors(tmp_path: Path) -> None:
         load_config(CheckpointConfig, {"job": "j", "directory": "/tmp/x", "evry": 1})
     with pytest.raises(ConfigError):
         load_config(CheckpointConfig, {"job": "j", "directory": "/tmp/x", "keep": 1})
+    with pytest.raises(ConfigError, match="when_behind"):
+        load_config(CheckpointConfig, {"job": "j", "directory": "/tmp/x", "when_behind": "later"})

@@ -157,3 +157,25 @@ def test_a_malformed_shard_is_refused_on_decode(node: Any) -> None:
     meta = json.dumps({"d": [[{"v": "model"}, node]]}).encode()
     with pytest.raises(ValueError):
         decode(MAGIC + struct.pack(">Q", len(meta)) + meta + b"\0" * 4)
+
+
+def test_a_peer_that_never_answers_delays_no_step_with_skip(tmp_path: Path) -> None:
+    # A peer whose kernel accepts the connection but whose process never reads or replies: each
+    # backup waits for io_timeout_s in the writer thread.
+    with socket.socket() as black_hole:
+        black_hole.bind(("127.0.0.1", 0))
+        black_hole.listen(8)
+        hole = f"127.0.0.1:{black_hole.getsockname()[1]}"
+        r = make_rank(0, tmp_path / "m0", LAYOUT, when_behind="skip", io_timeout_s=2.0, peer_retry_s=60)
+        try:
+            r.ckpt.connect([r.ckpt.address, hole])
+            for step in range(1, 5):
+                r.train(step)  # steps 1 and 2 fill both buffers; 3 and 4 find the writer behind
+            s = r.ckpt.stats()
+            assert (s.snapshots, s.skipped_busy) == (2, 2) and s.blocked_s < 0.5
+            assert r.ckpt.flush(10)
+            s = r.ckpt.stats()
+            assert (s.written, s.backup_failures, s.backups_skipped) == (2, 1, 1)
+            assert "timed out" in s.last_error
+        finally:
+            r.ckpt.close()
