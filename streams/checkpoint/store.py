@@ -20,6 +20,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -108,6 +109,8 @@ class ShardStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         #: (path, size, mtime_ns) -> verdict: a listed shard is hashed once, not on every list.
         self._verified: dict[tuple[str, int, int], str | None] = {}
+        # The writer thread and the server's request threads share the store.
+        self._lock = threading.Lock()
 
     def put(self, manifest: Manifest, data: bytes | Parts, *, verify: bool = True) -> Path:
         """Store ``data`` as ``manifest`` says (checked against it first, unless the caller has
@@ -157,14 +160,18 @@ class ShardStore:
         pt = mf.with_suffix(".shard")
         st = pt.stat()
         key = (str(pt), st.st_size, st.st_mtime_ns)
-        if key not in self._verified:
+        with self._lock:
+            verdict = self._verified.get(key, "")
+        if verdict == "":
             try:
                 check(m, pt.read_bytes(), self.job)
-                self._verified[key] = None
+                verdict = None
             except ShardError as exc:
-                self._verified[key] = str(exc)
-        if self._verified[key] is not None:
-            raise ShardError(str(self._verified[key]))
+                verdict = str(exc)
+            with self._lock:
+                self._verified[key] = verdict
+        if verdict is not None:
+            raise ShardError(verdict)
         return m
 
     def read(self, rank: int, step: int) -> tuple[Manifest, bytes]:
@@ -195,7 +202,8 @@ class ShardStore:
             # Manifest first: a shard without one is incomplete, never a shard vouched for by a stale one.
             base.with_suffix(".json").unlink(missing_ok=True)
             base.with_suffix(".shard").unlink(missing_ok=True)
-        self._verified = {k: v for k, v in self._verified.items() if Path(k[0]).exists()}
+        with self._lock:
+            self._verified = {k: v for k, v in self._verified.items() if Path(k[0]).exists()}
 
 
 def digest(parts: bytes | Parts) -> tuple[int, str]:
