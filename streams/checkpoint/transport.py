@@ -153,14 +153,15 @@ class BackupServer:
         tmp = Path(name)
         try:
             digest, left = hashlib.sha256(), m.size
+            buf = memoryview(bytearray(min(m.size, _CHUNK) or 1))  # one buffer, reused per chunk
             with os.fdopen(fd, "wb") as f:
                 while left:
-                    chunk = sock.recv(min(left, _CHUNK))
-                    if not chunk:
+                    n = sock.recv_into(buf, min(left, len(buf)))
+                    if not n:
                         raise ShardError(f"backup truncated: {m.size - left} of {m.size} bytes arrived")
-                    digest.update(chunk)
-                    f.write(chunk)
-                    left -= len(chunk)
+                    digest.update(buf[:n])
+                    f.write(buf[:n])
+                    left -= n
             if digest.hexdigest() != m.sha256:
                 raise ShardError("sha256 mismatch: the backup is corrupt or its manifest forged")
             self.store.commit_file(m, tmp)

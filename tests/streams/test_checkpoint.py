@@ -142,3 +142,17 @@ def test_interval_and_config_errors(tmp_path: Path) -> None:
         load_config(CheckpointConfig, {"job": "j", "directory": "/tmp/x", "keep": 1})
     with pytest.raises(ConfigError, match="when_behind"):
         load_config(CheckpointConfig, {"job": "j", "directory": "/tmp/x", "when_behind": "later"})
+
+
+def test_connect_gathers_the_addresses_over_torch_distributed(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    r = make_rank(0, tmp_path / "m0", {})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        assert r.ckpt.connect() == [r.ckpt.address]
+    finally:
+        dist.destroy_process_group()
+        r.ckpt.close()
+    with pytest.raises(RuntimeError, match=r"torch\.distributed"):
+        r.ckpt.connect()
