@@ -3,15 +3,18 @@
 After step ``S`` the loop calls :meth:`Checkpointer.save`: model, optimizer and data position
 are copied into host memory (a dual buffer, so the copy allocates nothing once warm) and the
 loop goes on.  A writer thread then writes the snapshot as the rank's shard (:mod:`.state`: no
-pickling, the tensors' own bytes) and its manifest on the local disk, and sends the same bytes
-to the backup rank's server over TCP (:mod:`.transport`); that rank shares no TP, PP or DP group
-with this one (:mod:`.peers`).
+pickling, the tensors' own bytes) and its manifest on the local disk; a sender thread sends the
+newest written shard (``sendfile`` from the page cache) to the backup rank's server over TCP
+(:mod:`.transport`); that rank shares no TP, PP or DP group with this one (:mod:`.peers`).
 
-The loop waits only when both buffers are still being written or sent (or, with
-``when_behind="skip"``, skips that step's checkpoint and counts it).  Nothing the writer does
-raises into the loop: a failed local write or backup is counted in :meth:`Checkpointer.stats`
-and logged; after a failed backup the peer is left alone for ``peer_retry_s`` (counted as
-skipped), so a dead peer costs one connect timeout, in the writer thread, not one per step.
+The loop waits only when both buffers are still being written to the local disk (or, with
+``when_behind="skip"``, skips that step's checkpoint and counts it), never for the peer: a slow
+or dead peer makes backups older (superseded shards are counted as skipped), not steps slower.
+
+Nothing the threads do raises into the loop: a failed local write or backup is counted in
+:meth:`Checkpointer.stats` and logged; after a failed backup the peer is left alone for
+``peer_retry_s`` (counted as skipped), so a dead peer costs one timeout in the sender thread,
+not one per step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trainguard.streams.checkpoint.config import CheckpointConfig
@@ -52,7 +56,8 @@ class CheckpointStats:
     backup_failures: int = 0
     #: checkpoint steps not saved because both buffers were busy (``when_behind="skip"``).
     skipped_busy: int = 0
-    #: backups not attempted: no peer known, or the peer is in its retry pause after a failure.
+    #: backups not attempted: no peer known, the peer in its retry pause after a failure, or the
+    #: shard superseded by a newer one before the sender got to it.
     backups_skipped: int = 0
     #: seconds the loop spent copying state to host memory, and waiting for a free buffer.
     snapshot_s: float = 0.0
@@ -82,10 +87,14 @@ class Checkpointer:
         self._next = 0
         self._queue: deque[tuple[int, int]] = deque()
         self._writing = False
+        #: the newest locally written shard not yet sent to the peer (a newer one replaces it).
+        self._to_send: tuple[Manifest, Path] | None = None
+        self._sending = False
         self._closing = False
         self._peer_pause_until = 0.0
         self._c: dict[str, Any] = dict(CheckpointStats().__dict__)
         self._writer: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -101,6 +110,8 @@ class Checkpointer:
                 target=self._write_loop, name=f"ckpt-writer-{c.rank}", daemon=True
             )
             self._writer.start()
+            self._sender = threading.Thread(target=self._send_loop, name=f"ckpt-sender-{c.rank}", daemon=True)
+            self._sender.start()
         return self.address
 
     @property
@@ -134,8 +145,9 @@ class Checkpointer:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self._writer is not None:
-            self._writer.join(timeout_s)
+        for thread in (self._writer, self._sender):
+            if thread is not None:
+                thread.join(timeout_s)
         if self._server is not None:
             self._server.close()
 
@@ -186,8 +198,12 @@ class Checkpointer:
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued snapshot is written and backed up (or failed); False on timeout."""
+
+        def idle() -> bool:
+            return not (self._queue or self._writing or self._to_send or self._sending)
+
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._writing, timeout_s)
+            return self._cond.wait_for(idle, timeout_s)
 
     def restore(
         self, model: Any, optimizer: Any = None, data_position: Any = None, *, at_most: int | None = None
@@ -240,26 +256,49 @@ class Checkpointer:
         c = self.config
         try:
             # Zero-copy views of the snapshot: the buffer stays busy until the shard is on the
-            # local disk and with the peer, and only then may the loop refill it.
+            # local disk, and only then may the loop refill it.
             parts = encode(self._buffers[idx], torch_module().Tensor)
             size, sha = digest(parts)
             m = Manifest(c.job, step, c.rank, c.world_size, size, sha)
             try:
-                self.store.put(m, parts, verify=False)  # m was just computed from these parts
+                path = self.store.put(m, parts, verify=False)  # m was just computed from these parts
                 self.store.prune(c.rank, c.keep)
-                self._count(written=1)
-                with self._cond:
-                    self._c["last_written"] = step
             except Exception as exc:
                 self._count(write_failures=1, last_error=f"local shard of step {step}: {exc}")
                 log.warning("checkpoint: local shard of step %d not written: %s", step, exc)
-            self._backup(m, parts)
+                self._backup(m, parts)  # no file to send from: from the buffer, still held
+                return
         finally:
             with self._cond:
                 self._busy[idx] = False
                 self._cond.notify_all()
+        with self._cond:
+            self._c["written"] += 1
+            self._c["last_written"] = step
+            if self.peer_rank is not None:
+                # The sender takes the newest shard: a slow or dead peer delays backups, never
+                # the loop, and a shard superseded before it was sent is counted as skipped.
+                if self._to_send is not None:
+                    self._c["backups_skipped"] += 1
+                self._to_send = (m, path)
+                self._cond.notify_all()
 
-    def _backup(self, m: Manifest, data: Parts) -> None:
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._to_send is not None or self._closing)
+                if self._to_send is None:
+                    return
+                (m, path), self._to_send = self._to_send, None
+                self._sending = True
+            try:
+                self._backup(m, path)
+            finally:
+                with self._cond:
+                    self._sending = False
+                    self._cond.notify_all()
+
+    def _backup(self, m: Manifest, data: Parts | Path) -> None:
         c = self.config
         if self.peer_rank is None:
             return  # a one-machine job: there is no other machine to hold a backup

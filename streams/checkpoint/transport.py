@@ -29,8 +29,9 @@ import socketserver
 import struct
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from trainguard.streams.checkpoint.store import Manifest, Parts, ShardError, ShardStore, check
 
@@ -67,9 +68,21 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes | Parts = b"") -> None:
+@dataclass(frozen=True)
+class FileBody:
+    """A payload sent from an open file with ``sendfile`` (no copy through Python)."""
+
+    file: BinaryIO
+    size: int
+
+
+def _send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes | Parts | FileBody = b"") -> None:
     raw = json.dumps(header).encode()
     sock.sendall(_LEN.pack(len(raw)) + raw)
+    if isinstance(payload, FileBody):
+        if sock.sendfile(payload.file, 0, payload.size) != payload.size:
+            raise TransportError("the shard file is shorter than its manifest")
+        return
     for part in [payload] if isinstance(payload, bytes) else payload:
         sock.sendall(part)
 
@@ -180,7 +193,7 @@ class BackupServer:
 
 
 def _call(
-    address: str, header: dict[str, Any], payload: bytes | Parts, *, connect_s: float, io_s: float
+    address: str, header: dict[str, Any], payload: bytes | Parts | FileBody, *, connect_s: float, io_s: float
 ) -> tuple[socket.socket, dict[str, Any]]:
     host, port = split_address(address)
     try:
@@ -201,12 +214,17 @@ def _call(
 
 
 def send_backup(
-    address: str, manifest: Manifest, data: bytes | Parts, *, connect_s: float, io_s: float
+    address: str, manifest: Manifest, data: Parts | Path, *, connect_s: float, io_s: float
 ) -> None:
-    """Store ``data`` on the peer at ``address``; :class:`TransportError` unless it confirms."""
-    sock, _ = _call(
-        address, {"op": "put", "manifest": manifest.to_dict()}, data, connect_s=connect_s, io_s=io_s
-    )
+    """Store a shard (its parts, or its file on the local disk) on the peer at ``address``;
+    :class:`TransportError` unless the peer confirms it checked and stored it."""
+    header = {"op": "put", "manifest": manifest.to_dict()}
+    if isinstance(data, Path):
+        # Opened before anything else: a prune of the file meanwhile leaves this handle readable.
+        with data.open("rb") as f:
+            sock, _ = _call(address, header, FileBody(f, manifest.size), connect_s=connect_s, io_s=io_s)
+    else:
+        sock, _ = _call(address, header, data, connect_s=connect_s, io_s=io_s)
     sock.close()
 
 

@@ -25,6 +25,8 @@ def test_every_step_shard_and_cross_group_backup(tmp_path: Path) -> None:
         for step in range(1, 5):
             for r in ranks:
                 r.train(step)
+            for r in ranks:  # every backup sent before the next step, so none is superseded
+                assert r.ckpt.flush(10)
         for r in ranks:
             assert r.ckpt.flush(10)
         for r in ranks:
@@ -50,6 +52,8 @@ def test_restore_in_place_and_on_a_replacement_from_the_peer(tmp_path: Path) -> 
         for step in range(1, 4):
             for r in ranks:
                 r.train(step)
+            for r in ranks:  # every backup sent before the next step, so none is superseded
+                assert r.ckpt.flush(10)
         for r in ranks:
             r.ckpt.flush(10)
         saved = {r.rank: (params(r.model), r.opt.state_dict()["state"][0]["exp_avg"].clone()) for r in ranks}
@@ -92,6 +96,8 @@ def test_corrupt_backup_of_an_evicted_rank_falls_back_to_an_older_step(tmp_path:
         for step in range(1, 4):
             for r in ranks:
                 r.train(step)
+            for r in ranks:  # every backup sent before the next step, so none is superseded
+                assert r.ckpt.flush(10)
         for r in ranks:
             r.ckpt.flush(10)
         ranks[1].ckpt.close()
