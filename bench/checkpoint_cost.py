@@ -13,7 +13,8 @@ pulls its shard from rank 1's server over TCP.
 Printed per size: the median over ``--runs`` runs of each run's mean step time without and with
 checkpoints, the overhead, the share of steps saved and backed up (the sender sends the newest
 shard: one superseded while the previous was still on its way is not sent), the loop's time
-inside ``save()`` per step (copying to host memory, waiting for the writer), and the two restore
+inside ``save()`` per step (copying to host memory, waiting for the writer), rank 0's CPU time
+per step (all its threads; the figure a loaded machine does not distort), and the two restore
 times.  ``--when-behind
 skip`` lets a rank skip a step's checkpoint while its writer is still busy instead of waiting.
 Torch runs one thread per rank: two ranks on this 2-core machine, as a GPU job's ranks leave
@@ -139,10 +140,16 @@ def one_run(size: str, steps: int, tmp: Path) -> dict[str, float]:
         ckpt.connect([ckpt.address, job.peer_address])
         job._send(f"connect {ckpt.address}")
         job.train(5, None)  # warm-up: first-call allocations and kernels
+        cpu0 = time.process_time()
         plain = statistics.fmean(job.train(steps, None))
+        cpu_plain = (time.process_time() - cpu0) / steps
         job.train(3, ckpt)  # warm-up: the two host buffers are allocated here
         before = ckpt.stats()
+        cpu0 = time.process_time()
         with_ckpt = statistics.fmean(job.train(steps, ckpt))
+        # This process's CPU (every thread: the loop, the writer, the sender, and the server
+        # taking the peer's backup): what checkpoints cost however loaded the machine is.
+        cpu_ckpt = (time.process_time() - cpu0) / steps
         s = ckpt.stats()
         saved = s.snapshots - before.snapshots
         assert s.write_failures == s.backup_failures == 0, s
@@ -150,6 +157,7 @@ def one_run(size: str, steps: int, tmp: Path) -> dict[str, float]:
         out = {
             "plain_ms": plain * 1e3, "ckpt_ms": with_ckpt * 1e3, "saved_pct": 100 * saved / steps,
             "backed_pct": 100 * (s.backed_up - before.backed_up) / steps,
+            "cpu_plain_ms": cpu_plain * 1e3, "cpu_ckpt_ms": cpu_ckpt * 1e3,
             "snapshot_ms": (s.snapshot_s - before.snapshot_s) / steps * 1e3,
             "waited_ms": (s.blocked_s - before.blocked_s) / steps * 1e3,
         }  # fmt: skip
@@ -219,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{med['ckpt_ms']:.1f} ms checkpointing every step (+{overhead:.1f}%; "
             f"{med['saved_pct']:.0f}% of steps saved, {med['backed_pct']:.0f}% backed up), "
             f"in save() {med['snapshot_ms']:.2f} ms copying + {med['waited_ms']:.2f} ms waiting for the "
-            f"writer | restore {med['restore_local_s'] * 1e3:.0f} ms local, "
+            f"writer | CPU per step {med['cpu_plain_ms']:.1f} -> {med['cpu_ckpt_ms']:.1f} ms "
+            f"| restore {med['restore_local_s'] * 1e3:.0f} ms local, "
             f"{med['restore_peer_s'] * 1e3:.0f} ms from the peer (medians of {args.runs})"
         )
 

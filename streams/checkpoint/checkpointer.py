@@ -140,7 +140,7 @@ class Checkpointer:
         return self._addresses
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Finish the queued writes (up to ``timeout_s``), then stop the writer and the server."""
+        """Finish the queued writes and backups (up to ``timeout_s``), then stop threads and server."""
         self.flush(timeout_s)
         with self._cond:
             self._closing = True
@@ -169,7 +169,7 @@ class Checkpointer:
             if self._busy[idx] and self.config.when_behind == "skip":
                 self._c["skipped_busy"] += 1
                 return False
-            while self._busy[idx]:  # the writer still writes or sends the snapshot before last
+            while self._busy[idx]:  # the writer still writes the snapshot before last to disk
                 self._cond.wait()
         t1 = time.perf_counter()
         try:
