@@ -24,6 +24,8 @@ their CPU mostly free for the writer.
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     WHEN_BEHIND = args.when_behind
     if args.peer:
         return peer_main(*args.peer)
+    # The two ranks share the job's checkpoint key (the peer process inherits it), as a batch
+    # script's `export TRAINGUARD_CHECKPOINT_KEY=...` gives every rank the same one.
+    os.environ.setdefault("TRAINGUARD_CHECKPOINT_KEY", secrets.token_hex(32))
     torch.set_num_threads(1)
     print(
         f"torch {torch.__version__}, 1 thread per rank, CPU; {args.runs} runs of {args.steps} steps; "

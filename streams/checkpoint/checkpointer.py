@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.streams.checkpoint.config import CheckpointConfig
+from trainguard.streams.checkpoint.config import CheckpointConfig, job_key
 from trainguard.streams.checkpoint.peers import backup_rank
 from trainguard.streams.checkpoint.restore import RestoreResult, restore_state
 from trainguard.streams.checkpoint.state import encode, snapshot_into, torch_module
@@ -77,7 +77,9 @@ class Checkpointer:
 
     def __init__(self, config: CheckpointConfig) -> None:
         self.config = config
-        self.store = ShardStore(config.directory, config.job, config.rank, fsync=config.fsync)
+        self.store = ShardStore(
+            config.directory, config.job, config.rank, fsync=config.fsync, key=job_key(config)
+        )
         self.peer_rank = backup_rank(config)
         self._server: BackupServer | None = None
         self._addresses: list[str] = []
@@ -259,7 +261,7 @@ class Checkpointer:
             # local disk, and only then may the loop refill it.
             parts = encode(self._buffers[idx], torch_module().Tensor)
             size, sha = digest(parts)
-            m = Manifest(c.job, step, c.rank, c.world_size, size, sha)
+            m = Manifest(c.job, step, c.rank, c.world_size, size, sha).signed(self.store.key)
             try:
                 path = self.store.put(m, parts, verify=False)  # m was just computed from these parts
                 self.store.prune(c.rank, c.keep)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 
 from trainguard.schemas.limits import JOB
@@ -62,6 +64,14 @@ class CheckpointConfig:
     #: fsync each shard before its manifest.  Off by default: a dead *process* loses nothing
     #: (the page cache survives it) and a dead *machine* is restored from the peer's backup.
     fsync: bool = False
+    #: the environment variable holding the job's checkpoint key (any string, the same on every
+    #: rank and across the job's restarts: e.g. ``openssl rand -hex 32`` exported by the batch
+    #: script, or a Kubernetes Secret).  Every manifest carries an HMAC under it: a host that can
+    #: reach a backup port but lacks the key cannot plant a shard that a restore would load.
+    key_env: str = field(default="TRAINGUARD_CHECKPOINT_KEY", metadata=bounds(max_len=255))
+    #: refuse to start without a key.  False: manifests carry no mac, and anyone who can reach a
+    #: rank's backup port can store a shard there (a trusted network only).
+    require_key: bool = True
 
     def __post_init__(self) -> None:
         if sorted(self.order.split("-")) != ["dp", "pp", "tp"]:
@@ -76,3 +86,18 @@ class CheckpointConfig:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+
+def job_key(config: CheckpointConfig) -> bytes:
+    """The job's checkpoint key from ``config.key_env`` (hashed to 32 bytes); ``b""`` when the
+    job runs without one.  :class:`ValueError` when a key is required and the variable is unset."""
+    raw = os.environ.get(config.key_env, "")
+    if raw:
+        return hashlib.sha256(raw.encode()).digest()
+    if config.require_key:
+        raise ValueError(
+            f"checkpoints need the job's key in ${config.key_env} (the same value on every rank, e.g. "
+            "`export TRAINGUARD_CHECKPOINT_KEY=$(openssl rand -hex 32)` in the batch script), or "
+            "require_key: false on a trusted network"
+        )
+    return b""

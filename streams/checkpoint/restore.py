@@ -72,7 +72,7 @@ def _inventory(
         while True:
             try:
                 good, bad = list_shards(
-                    address, cfg.job, connect_s=cfg.connect_timeout_s, io_s=cfg.io_timeout_s
+                    address, cfg.job, connect_s=cfg.connect_timeout_s, io_s=cfg.io_timeout_s, key=store.key
                 )
                 add(good, address)
                 rejected += bad
@@ -100,7 +100,7 @@ def _load_own(
             else:
                 _, data = fetch_shard(
                     source, cfg.job, step, cfg.rank, connect_s=cfg.connect_timeout_s,
-                    io_s=cfg.io_timeout_s, max_bytes=cfg.max_shard_bytes,
+                    io_s=cfg.io_timeout_s, max_bytes=cfg.max_shard_bytes, key=store.key,
                 )  # fmt: skip
             return source, decode(data)
         except (ShardError, TransportError, OSError, ValueError, RuntimeError) as exc:

@@ -8,21 +8,24 @@ Layout under the configured directory (the machine's own disk)::
 ``holder-H`` is the folder of the rank-H process on this machine: its own shards (RANK == H)
 and the backups it holds for its peers.  The shard is written under a temporary name and
 renamed, then the manifest the same way, so a manifest's presence means its shard is whole; the
-sha256 in it catches a shard torn or altered later, or a manifest forged for other bytes.  Every
-path is built from a validated job name and integers, never from a name a peer sent.
+sha256 in it catches a shard torn or altered later, or a manifest forged for other bytes; its
+``mac`` (HMAC-SHA256 under the job's checkpoint key, ``TRAINGUARD_CHECKPOINT_KEY``) catches a
+shard and manifest forged together by anyone who can reach a backup port but does not hold the
+job's key.  Every path is built from a validated job name and integers, never from a name a peer sent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
 import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -32,7 +35,7 @@ from trainguard.schemas import names
 Parts: TypeAlias = Sequence[bytes | bytearray | memoryview]
 
 #: manifest format; another version is not trusted.
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 _SHARD = re.compile(r"^r(\d{5,7})-s(\d{9,12})\.json$")
 
 
@@ -51,6 +54,8 @@ class Manifest:
     size: int
     sha256: str
     version: int = MANIFEST_VERSION
+    #: HMAC-SHA256 (hex) of the fields above under the job's key; "" when the job runs without one.
+    mac: str = ""
 
     @classmethod
     def from_dict(cls, raw: Any) -> Manifest:
@@ -67,12 +72,26 @@ class Manifest:
             raise ShardError(f"bad job name in manifest: {m.job!r}")
         if not isinstance(m.sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", m.sha256):
             raise ShardError("manifest sha256 is not 64 hex digits")
+        if not isinstance(m.mac, str) or not re.fullmatch(r"(?:[0-9a-f]{64})?", m.mac):
+            raise ShardError("manifest mac is not 64 hex digits")
         if m.rank >= m.world_size or m.step >= 10**12 or m.rank >= 10**7:
             raise ShardError(f"manifest rank {m.rank} / step {m.step} out of range")
         return m
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def _mac_of(self, key: bytes) -> str:
+        body = json.dumps({k: v for k, v in asdict(self).items() if k != "mac"}, sort_keys=True)
+        return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+    def signed(self, key: bytes) -> Manifest:
+        """This manifest with its ``mac`` under ``key`` (unchanged without a key)."""
+        return replace(self, mac=self._mac_of(key)) if key else self
+
+    def authentic(self, key: bytes) -> bool:
+        """True when ``key`` is empty (a job without a key) or ``mac`` is this manifest's under it."""
+        return not key or hmac.compare_digest(self.mac, self._mac_of(key))
 
 
 def shard_name(rank: int, step: int) -> str:
@@ -99,11 +118,21 @@ def write_atomic(path: Path, data: bytes | Parts, *, fsync: bool) -> None:
 class ShardStore:
     """The checkpoint files of one job on this machine; ``holder`` is this process's rank."""
 
-    def __init__(self, directory: str | os.PathLike[str], job: str, holder: int, *, fsync: bool = False):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        job: str,
+        holder: int,
+        *,
+        fsync: bool = False,
+        key: bytes = b"",
+    ):
         problem = names.JOB.problem(job)
         if problem is not None:
             raise ShardError(f"bad job name: {problem}")
         self.job, self.holder, self.fsync = job, holder, fsync
+        #: the job's checkpoint key: every manifest kept, served or restored carries its mac.
+        self.key = key
         self.root = Path(directory) / job
         self.dir = self.root / f"holder-{holder:05d}"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +145,7 @@ class ShardStore:
         """Store ``data`` as ``manifest`` says (checked against it first, unless the caller has
         just computed the manifest from these very bytes); returns the shard path."""
         if verify:
-            check(manifest, data, self.job)
+            check(manifest, data, self.job, self.key)
         base = self.dir / shard_name(manifest.rank, manifest.step)
         # A manifest left by an earlier write of this step must not vouch for the new bytes.
         base.with_suffix(".json").unlink(missing_ok=True)
@@ -164,7 +193,7 @@ class ShardStore:
             verdict = self._verified.get(key, "")
         if verdict == "":
             try:
-                check(m, pt.read_bytes(), self.job)
+                check(m, pt.read_bytes(), self.job, self.key)
                 verdict = None
             except ShardError as exc:
                 verdict = str(exc)
@@ -182,7 +211,7 @@ class ShardStore:
             try:
                 m = Manifest.from_dict(json.loads(base.with_suffix(".json").read_bytes()))
                 data = base.with_suffix(".shard").read_bytes()
-                check(m, data, self.job)
+                check(m, data, self.job, self.key)
                 if (m.rank, m.step) != (rank, step):
                     raise ShardError("manifest names another shard than its file")
                 return m, data
@@ -215,10 +244,13 @@ def digest(parts: bytes | Parts) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def check(manifest: Manifest, data: bytes | Parts, job: str) -> None:
-    """Raise :class:`ShardError` unless ``data`` is what ``manifest`` (of ``job``) describes."""
+def check(manifest: Manifest, data: bytes | Parts, job: str, key: bytes = b"") -> None:
+    """Raise :class:`ShardError` unless ``data`` is what ``manifest`` (of ``job``, signed with
+    ``key`` when the job has one) describes."""
     if manifest.job != job:
         raise ShardError(f"shard of job {manifest.job!r}, this is job {job!r}")
+    if not manifest.authentic(key):
+        raise ShardError("manifest mac does not verify: not written by a rank holding the job's key")
     size, sha = digest(data)
     if size != manifest.size:
         raise ShardError(f"size {size} != manifest's {manifest.size} (truncated?)")

@@ -160,6 +160,8 @@ class BackupServer:
     def _put(self, sock: socket.socket, header: dict[str, Any]) -> None:
         m = Manifest.from_dict(header.get("manifest"))
         self._check_job(m.job)
+        if not m.authentic(self.store.key):  # before a byte of it is stored
+            raise ShardError("backup's manifest mac does not verify: the sender lacks the job's key")
         if m.size > self.max_bytes:
             raise ShardError(f"shard of {m.size} bytes exceeds max_shard_bytes {self.max_bytes}")
         fd, name = tempfile.mkstemp(dir=self.store.dir, prefix=".recv-", suffix=".tmp")
@@ -228,21 +230,35 @@ def send_backup(
     sock.close()
 
 
-def list_shards(address: str, job: str, *, connect_s: float, io_s: float) -> tuple[list[Manifest], list[str]]:
-    """The verified shards the machine at ``address`` holds (malformed entries are reported, not used)."""
+def list_shards(
+    address: str, job: str, *, connect_s: float, io_s: float, key: bytes = b""
+) -> tuple[list[Manifest], list[str]]:
+    """The verified shards the machine at ``address`` holds (malformed entries, and ones whose mac
+    does not verify under ``key``, are reported, not used)."""
     sock, reply = _call(address, {"op": "list", "job": job}, b"", connect_s=connect_s, io_s=io_s)
     sock.close()
     good, bad = [], [f"{address}: {str(r)[:300]}" for r in reply.get("rejected") or []]
     for raw in reply.get("shards") or []:
         try:
-            good.append(Manifest.from_dict(raw))
+            m = Manifest.from_dict(raw)
+            if not m.authentic(key):
+                raise ShardError(f"step {m.step} rank {m.rank}: manifest mac does not verify")
+            good.append(m)
         except ShardError as exc:
             bad.append(f"{address}: {exc}")
     return good, bad
 
 
 def fetch_shard(
-    address: str, job: str, step: int, rank: int, *, connect_s: float, io_s: float, max_bytes: int = 1 << 50
+    address: str,
+    job: str,
+    step: int,
+    rank: int,
+    *,
+    connect_s: float,
+    io_s: float,
+    max_bytes: int = 1 << 50,
+    key: bytes = b"",
 ) -> tuple[Manifest, bytes]:
     """Pull (rank, step) from ``address`` and check it against its manifest (at most ``max_bytes``)."""
     header = {"op": "get", "job": job, "step": step, "rank": rank}
@@ -254,7 +270,7 @@ def fetch_shard(
         if m.size > max_bytes:
             raise ShardError(f"{address} offers a shard of {m.size} bytes, over max_shard_bytes {max_bytes}")
         data = _recv_exact(sock, m.size)
-        check(m, data, job)
+        check(m, data, job, key)
         return m, data
     finally:
         sock.close()

@@ -11,10 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from trainguard.schemas.config import load_config
 from trainguard.training import CheckpointConfig, Checkpointer, DataPosition, ResumableSampler
+
+#: the job's checkpoint key every rank of these tests shares (``TRAINGUARD_CHECKPOINT_KEY``).
+JOB_KEY = "ckpt-test-job-key"
+
+
+@pytest.fixture(autouse=True)
+def job_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Imported by the checkpoint test modules: every rank of a test holds the job's key."""
+    monkeypatch.setenv("TRAINGUARD_CHECKPOINT_KEY", JOB_KEY)
+    return JOB_KEY
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.streams.ckpt_job import job_key as job_key  # autouse: the ranks hold the job's key
 from tests.streams.ckpt_job import make_rank, params, start_job
 from trainguard.schemas.config import ConfigError, load_config
 from trainguard.training import CheckpointConfig

@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 
-from tests.streams.ckpt_job import make_rank, start_job
+from tests.streams.ckpt_job import JOB_KEY, make_rank, start_job
+from tests.streams.ckpt_job import job_key as job_key  # autouse: the ranks hold the job's key
 from trainguard.streams.checkpoint.store import Manifest
 from trainguard.streams.checkpoint.transport import TransportError, fetch_shard, split_address
 
 LAYOUT = {"dp": 2, "ranks_per_machine": 1}
+KEY = hashlib.sha256(JOB_KEY.encode()).digest()  # what the job's ranks sign with
 
 
 def raw_request(address: str, header: Any, payload: bytes = b"") -> dict[str, Any]:
@@ -34,8 +36,8 @@ def raw_request(address: str, header: Any, payload: bytes = b"") -> dict[str, An
         return json.loads(s.recv(n))
 
 
-def manifest(data: bytes, **over: Any) -> dict[str, Any]:
-    m = Manifest("ckpt-test", 5, 1, 2, len(data), hashlib.sha256(data).hexdigest()).to_dict()
+def manifest(data: bytes, key: bytes = KEY, **over: Any) -> dict[str, Any]:
+    m = Manifest("ckpt-test", 5, 1, 2, len(data), hashlib.sha256(data).hexdigest()).signed(key).to_dict()
     return {**m, **over}
 
 
@@ -70,7 +72,10 @@ def test_hostile_requests_are_refused_and_write_nothing(server, tmp_path: Path, 
 
 def test_forged_or_truncated_backup_is_refused(server, tmp_path: Path) -> None:
     data = b"real shard bytes"
-    forged = manifest(data, sha256=hashlib.sha256(b"other").hexdigest())
+    # A key holder's manifest for other bytes: the bytes are refused.
+    forged = (
+        Manifest("ckpt-test", 5, 1, 2, len(data), hashlib.sha256(b"other").hexdigest()).signed(KEY).to_dict()
+    )
     assert raw_request(server.ckpt.address, {"op": "put", "manifest": forged}, data)["error"].startswith(
         "sha256 mismatch"
     )
@@ -211,4 +216,46 @@ def test_skip_leaves_out_steps_while_the_disk_is_behind(tmp_path: Path) -> None:
         assert (r.ckpt.stats().written, r.ckpt.stats().last_written) == (2, 2)
     finally:
         disk_free.set()
+        r.ckpt.close()
+
+
+def test_a_backup_forged_without_the_jobs_key_is_refused_before_it_is_stored(server, tmp_path: Path) -> None:
+    """Anyone who reaches a backup port can compute a sha256; only the job's ranks hold its key."""
+    data = b"poisoned weights"
+    for forged in (manifest(data, key=b"not-the-job-key"), manifest(data, mac="")):
+        reply = raw_request(server.ckpt.address, {"op": "put", "manifest": forged}, data)
+        assert reply["ok"] is False and "mac does not verify" in reply["error"]
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_a_shard_planted_on_disk_without_the_key_is_never_restored(tmp_path: Path) -> None:
+    ranks = start_job(tmp_path, LAYOUT)
+    try:
+        ranks[0].train(1)
+        for r in ranks:
+            r.ckpt.flush()
+        store = ranks[0].ckpt.store
+        good, _ = store.inventory()
+        newest = max(m.step for m in good)
+        # A forger with write access to the folder but not the key plants a newer step.
+        plant = Manifest("ckpt-test", newest + 5, 0, 2, 4, hashlib.sha256(b"evil").hexdigest()).signed(b"x")
+        base = store.dir / f"r{0:05d}-s{newest + 5:09d}"
+        base.with_suffix(".shard").write_bytes(b"evil")
+        base.with_suffix(".json").write_text(json.dumps(plant.to_dict()))
+        good, bad = store.inventory()
+        assert newest + 5 not in {m.step for m in good}
+        assert any("mac does not verify" in b for b in bad)
+    finally:
+        for r in ranks:
+            r.ckpt.close()
+
+
+def test_a_job_without_its_key_is_a_setup_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAINGUARD_CHECKPOINT_KEY")
+    with pytest.raises(ValueError, match="TRAINGUARD_CHECKPOINT_KEY"):
+        make_rank(0, tmp_path / "m0", LAYOUT)
+    r = make_rank(0, tmp_path / "m1", {**LAYOUT, "require_key": False})  # a trusted network, said so
+    try:
+        assert r.ckpt.store.key == b""
+    finally:
         r.ckpt.close()
