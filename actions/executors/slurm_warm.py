@@ -1,0 +1,118 @@
+"""The Slurm executor's warm path (issue #37 item 2): ``stop``, ``restart`` and ``hot_update``
+through the job's node agents, in the same allocation and the same ``srun`` step, when every
+agent of the old and new node lists is warm (:mod:`trainguard.actions.executors.agents`).
+
+Each method answers whether the warm path did the step; False means the executor goes on with
+its cold path (``scancel``, a new ``srun`` step), and the reason is logged and recorded as a
+command of the step (so the action event says which path was taken and why).  An agent that
+refuses or times out mid-restart also ends in the cold path: it cancels the training step, agents
+and all, and starts a new one -- a failed warm restart costs a cold one, never a dead job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from trainguard.actions.executors import agents
+from trainguard.actions.executors.base import StepContext
+from trainguard.schemas.control import JobSpec
+
+if TYPE_CHECKING:
+    from trainguard.actions.executors.slurm import SlurmExecutor
+
+log = logging.getLogger(__name__)
+
+
+class SlurmWarmPath:
+    """The agents of one Slurm executor's jobs; see the module docstring."""
+
+    def __init__(self, ex: SlurmExecutor) -> None:
+        self.ex = ex
+        #: the last restart's path, for tests and operators: {"job", "op_id", "path", "why", ...}.
+        self.last: dict[str, Any] = {}
+
+    def _note(self, ctx: StepContext, what: str, rc: int, text: str, t0: float) -> None:
+        from trainguard.actions.executors.slurm import CommandRecord
+
+        took = time.monotonic() - t0
+        self.ex._record(CommandRecord(["trainguard-agents", what], rc, took, text, "", ctx.op_id))
+
+    def _ports(self) -> tuple[int, int]:
+        lo, hi = self.ex.cfg.agent_master_ports  # two, checked by the config
+        return lo, hi
+
+    def _probe(self, spec: JobSpec, job_id: str, new: list[str], ctx: StepContext) -> tuple[Any, ...]:
+        """(probes, addresses, old nodes, why-not-warm) for a step of ``spec``'s job."""
+        old = sorted({n for s in self.ex.training_steps(job_id, ctx) for n in s.nodes})
+        if not old:
+            return [], {}, old, "no training step runs (no agents to restart in place)"
+        if self.ex.signer is None:
+            return [], {}, old, "signing is off (an agent takes no unsigned command)"
+        union = old + [n for n in new if n not in old]
+        addrs = {n: r.get("NodeAddr", "") for n, r in self.ex.nodes(union, ctx).items()}
+        cfg = self.ex.cfg
+        per_node = (cfg.tasks_per_node or spec.topology.ranks_per_machine) if cfg.agent_per_rank else 1
+        urls = agents.agent_urls(union, addrs, cfg.agent_ports, cfg.agent_port, per_node)
+        probes = agents.probe(urls, min(cfg.agent_timeout_s, 5.0))
+        return probes, addrs, old, agents.warm_verdict(probes, union)
+
+    def restart(self, spec: JobSpec, job_id: str, nodes: list[str], ctx: StepContext) -> bool:
+        """Restart the ranks in place on ``nodes`` (spec order) when every agent is warm."""
+        t0 = time.monotonic()
+        probes, addrs, old, why = self._probe(spec, job_id, nodes, ctx)
+        if not why:
+            world = agents.next_world(probes, nodes, addrs, self._ports())
+            version = self.ex._version(spec.job)
+            assert self.ex.signer is not None  # _probe said warm
+            failed = agents.send_restarts(
+                spec.job, world, probes, self.ex.signer, self.ex.cfg.agent_timeout_s, version
+            )
+            if not failed:
+                self.ex._bump_generation(spec.job, world.generation)
+                detail = (
+                    f"generation {world.generation} on {list(world.nodes)} "
+                    f"(was {old}), MASTER={world.master_addr}:{world.master_port}, {len(probes)} agents"
+                )
+                self._done(spec, ctx, "warm", detail, t0, world.generation)
+                return True
+            why = f"agents failed mid-restart ({'; '.join(failed)}): the training step is restarted cold"
+        self._done(spec, ctx, "cold", why, t0)
+        return False
+
+    def stop(self, spec: JobSpec, job_id: str, ctx: StepContext) -> bool:
+        """Stop the ranks and keep the agents warm (a world of no machines) when all are warm."""
+        t0 = time.monotonic()
+        probes, addrs, old, why = self._probe(spec, job_id, [], ctx)
+        if not why:
+            world = agents.next_world(probes, [], addrs, self._ports())
+            assert self.ex.signer is not None
+            limit = self.ex.cfg.agent_timeout_s
+            failed = agents.send_restarts(spec.job, world, probes, self.ex.signer, limit)
+            if not failed:
+                self._note(ctx, "stop", 0, f"warm path: ranks of {old} stopped, agents warm", t0)
+                log.info("slurm: stop of %s: warm path, the agents on %s stopped their ranks", spec.job, old)
+                return True
+            why = f"agents failed to stop their ranks ({'; '.join(failed)})"
+        self._note(ctx, "stop", 1, f"cold path: {why}", t0)
+        log.info("slurm: stop of %s: cold path (scancel): %s", spec.job, why)
+        return False
+
+    def code(self, spec: JobSpec, job_id: str, version: str, ctx: StepContext) -> None:
+        """A hot update's switch: every warm agent pre-warms a zygote on ``version`` (lazy), so
+        the restart that follows (carrying the version) forks from it at once."""
+        t0 = time.monotonic()
+        probes, _, _, why = self._probe(spec, job_id, [], ctx)
+        if why or self.ex.signer is None:
+            self._note(ctx, "code", 1, f"no warm agents to pre-warm {version}: {why}", t0)
+            return
+        failed = agents.send_code(spec.job, version, probes, self.ex.signer, self.ex.cfg.agent_timeout_s)
+        self._note(ctx, "code", 1 if failed else 0, "; ".join(failed) or f"{version} pre-warming", t0)
+
+    def _done(
+        self, spec: JobSpec, ctx: StepContext, path: str, why: str, t0: float, generation: int = 0
+    ) -> None:
+        self.last = {"job": spec.job, "op_id": ctx.op_id, "path": path, "why": why, "generation": generation}
+        self._note(ctx, "restart", 0 if path == "warm" else 1, f"{path} path: {why}", t0)
+        log.info("slurm: restart of %s: %s path: %s", spec.job, path, why)
