@@ -521,6 +521,20 @@ class SlurmExecutor:
             data["generation"] = generation
             self._save(job, data)
 
+    def _set_agent_code(self, job: str, version: str) -> None:
+        """A hot update the job's agents have not restarted on yet (the next restart carries it)."""
+        data = self._load(job)
+        data["agent_code"] = version
+        self._save(job, data)
+
+    def _take_agent_code(self, job: str) -> str:
+        """The pending hot update's version for this restart ("" when none), consumed."""
+        data = self._load(job)
+        version = str(data.pop("agent_code", "") or "")
+        if version:
+            self._save(job, data)
+        return version
+
     def _remember(self, spec: JobSpec, job_id: str, extra: Iterable[str] = ()) -> None:
         """Nodes seen in a spec are handed out in Slurm job ``job_id``: provision_standbys never
         returns them as new there."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainguard.actions.executors import agents
 from trainguard.actions.executors.base import StepContext
@@ -23,6 +23,16 @@ if TYPE_CHECKING:
     from trainguard.actions.executors.slurm import SlurmExecutor
 
 log = logging.getLogger(__name__)
+
+
+class Probed(NamedTuple):
+    """What :meth:`SlurmWarmPath._probe` found: the agents' answers, the nodes' addresses, the
+    running step's nodes, and why the warm path is not there ("" when it is)."""
+
+    probes: list[agents.AgentProbe]
+    addrs: dict[str, str]
+    old: list[str]
+    why: str
 
 
 class SlurmWarmPath:
@@ -43,28 +53,30 @@ class SlurmWarmPath:
         lo, hi = self.ex.cfg.agent_master_ports  # two, checked by the config
         return lo, hi
 
-    def _probe(self, spec: JobSpec, job_id: str, new: list[str], ctx: StepContext) -> tuple[Any, ...]:
-        """(probes, addresses, old nodes, why-not-warm) for a step of ``spec``'s job."""
+    def _probe(self, spec: JobSpec, job_id: str, new: list[str], ctx: StepContext) -> Probed:
+        """The agents of the running step's nodes (old) and ``new``, and whether all are warm."""
         old = sorted({n for s in self.ex.training_steps(job_id, ctx) for n in s.nodes})
         if not old:
-            return [], {}, old, "no training step runs (no agents to restart in place)"
+            return Probed([], {}, old, "no training step runs (no agents to restart in place)")
         if self.ex.signer is None:
-            return [], {}, old, "signing is off (an agent takes no unsigned command)"
+            return Probed([], {}, old, "signing is off (an agent takes no unsigned command)")
         union = old + [n for n in new if n not in old]
         addrs = {n: r.get("NodeAddr", "") for n, r in self.ex.nodes(union, ctx).items()}
         cfg = self.ex.cfg
         per_node = (cfg.tasks_per_node or spec.topology.ranks_per_machine) if cfg.agent_per_rank else 1
         urls = agents.agent_urls(union, addrs, cfg.agent_ports, cfg.agent_port, per_node)
         probes = agents.probe(urls, min(cfg.agent_timeout_s, 5.0))
-        return probes, addrs, old, agents.warm_verdict(probes, union)
+        return Probed(probes, addrs, old, agents.warm_verdict(probes, union))
 
     def restart(self, spec: JobSpec, job_id: str, nodes: list[str], ctx: StepContext) -> bool:
         """Restart the ranks in place on ``nodes`` (spec order) when every agent is warm."""
         t0 = time.monotonic()
         probes, addrs, old, why = self._probe(spec, job_id, nodes, ctx)
+        # A hot update since the agents started: this restart carries its version (urgent); a
+        # cold restart loads the switched code anyway, so either path consumes it.
+        version = self.ex._take_agent_code(spec.job)
         if not why:
             world = agents.next_world(probes, nodes, addrs, self._ports())
-            version = self.ex._version(spec.job)
             assert self.ex.signer is not None  # _probe said warm
             failed = agents.send_restarts(
                 spec.job, world, probes, self.ex.signer, self.ex.cfg.agent_timeout_s, version
@@ -103,6 +115,7 @@ class SlurmWarmPath:
         """A hot update's switch: every warm agent pre-warms a zygote on ``version`` (lazy), so
         the restart that follows (carrying the version) forks from it at once."""
         t0 = time.monotonic()
+        self.ex._set_agent_code(spec.job, version)
         probes, _, _, why = self._probe(spec, job_id, [], ctx)
         if why or self.ex.signer is None:
             self._note(ctx, "code", 1, f"no warm agents to pre-warm {version}: {why}", t0)

@@ -23,7 +23,8 @@ from trainguard.actions.executors.agents import (
     send_restarts,
     warm_verdict,
 )
-from trainguard.actions.executors.slurm import SlurmExecutorConfig
+from trainguard.actions.executors.base import ExecutorEnv
+from trainguard.actions.executors.slurm import SlurmExecutor, SlurmExecutorConfig
 from trainguard.infra.signing import Signer, SigningConfig, init_keys
 from trainguard.schemas.config import ConfigError, load_config
 
@@ -160,3 +161,14 @@ def test_a_refused_or_timed_out_restart_is_a_failure_to_fall_back_on(
             assert nodes == ["n1", "n2"] and all(g["signed"] for g in StandIn.got)
             args = StandIn.got[0]["body"]["args"]
             assert (args["generation"], args["nodes"], args["code_version"]) == (3, ["n1", "n2"], "v2")
+
+
+def test_a_hot_update_is_carried_by_the_next_restart_only(tmp_path: Path) -> None:
+    """The version a hot update switched to goes with the next restart (warm: urgent on the
+    agents; cold: the new step loads it anyway), not with every later one: agents started after
+    it already run it, and one without a code root would refuse every restart forever."""
+    ex = SlurmExecutor(SlurmExecutorConfig(agents=True), ExecutorEnv(state_dir=tmp_path))
+    assert ex._take_agent_code("llm") == ""
+    ex._set_agent_code("llm", "v3")
+    assert ex._take_agent_code("llm") == "v3"
+    assert ex._take_agent_code("llm") == ""
