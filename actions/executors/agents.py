@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainguard.infra import agent_client
 from trainguard.infra.signing import Signer
@@ -48,8 +48,7 @@ class AgentProbe:
         return gen if isinstance(gen, int) and not isinstance(gen, bool) else 0
 
 
-@dataclass(frozen=True)
-class WarmWorld:
+class WarmWorld(NamedTuple):
     """What every agent is told: the generation and the world of the restarted ranks."""
 
     generation: int

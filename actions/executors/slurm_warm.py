@@ -90,8 +90,23 @@ class SlurmWarmPath:
                 self._done(spec, ctx, "warm", detail, t0, world.generation)
                 return True
             why = f"agents failed mid-restart ({'; '.join(failed)}): the training step is restarted cold"
+        # Newer than anything sent, the failed restart's world included.
+        self._quiet(spec, probes, addrs, max((p.generation for p in probes), default=0) + 2)
         self._done(spec, ctx, "cold", why, t0)
         return False
+
+    def _quiet(self, spec: JobSpec, probes: list[agents.AgentProbe], addrs: dict[str, str], gen: int) -> None:
+        """Before the cold path: every agent that answers stops its ranks (a world of no machines,
+        newer than any it was sent).  The step's own agents die with ``scancel`` anyway; this is
+        for agents outside it (a standby's ``trainguard agent`` step in ``keep_steps``) that
+        joined the failed world and would otherwise keep its ranks running beside the new step."""
+        answering = [p for p in probes if p.doc]
+        if not answering or self.ex.signer is None:
+            return
+        world = agents.next_world(answering, [], addrs, self._ports())._replace(generation=gen)
+        failed = agents.send_restarts(spec.job, world, answering, self.ex.signer, self.ex.cfg.agent_timeout_s)
+        if failed:
+            log.warning("slurm: agents of %s not stopped before the cold restart: %s", spec.job, failed)
 
     def stop(self, spec: JobSpec, job_id: str, ctx: StepContext) -> bool:
         """Stop the ranks and keep the agents warm (a world of no machines) when all are warm."""
@@ -107,6 +122,7 @@ class SlurmWarmPath:
                 log.info("slurm: stop of %s: warm path, the agents on %s stopped their ranks", spec.job, old)
                 return True
             why = f"agents failed to stop their ranks ({'; '.join(failed)})"
+        self._quiet(spec, probes, addrs, max((p.generation for p in probes), default=0) + 2)
         self._note(ctx, "stop", 1, f"cold path: {why}", t0)
         log.info("slurm: stop of %s: cold path (scancel): %s", spec.job, why)
         return False

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -173,3 +174,62 @@ def test_a_restart_goes_warm_through_the_agents_and_cold_when_one_is_killed(
     cold_s = both_stepped(work, cold_gen, 180) - t1
     print(f"\nrestart to both ranks' first step: warm {warm_s:.2f} s, cold {cold_s:.2f} s")
     assert cold_s > warm_s
+
+
+def start_standby_agent(job: TrainingJob, work: Path, node: str, port: int) -> subprocess.Popen[bytes]:
+    """``trainguard agent`` with no world on ``node``, as a step of the job the executor's ``stop``
+    and ``restart`` leave alone (``keep_steps``): warm, no ranks, waiting to be named."""
+    env_argv = job.executor.cfg.step_command[: job.executor.cfg.step_command.index("bash")]
+    agent = [
+        sys.executable, "-m", "trainguard", "agent", "--job", job.name, "--node", node, "--no-kafka",
+        "--port", str(port), "--preload", "torch,torch.distributed", "--state-dir", f"{work}/agent/{node}",
+        "--", sys.executable, str(GLOO_PY), str(work),
+    ]  # fmt: skip
+    argv = [
+        "srun", f"--jobid={job.job_id}", "--job-name=tg-agent", "--overlap", "--nodes=1", "--ntasks=1",
+        f"--nodelist={node}", *env_argv, *agent,
+    ]  # fmt: skip
+    log = (work / f"standby-{node}.log").open("wb")
+    return subprocess.Popen(
+        argv, env=job.executor.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def test_a_standby_agent_joins_in_the_evicted_nodes_place_warm(warm_job: tuple[TrainingJob, Path]) -> None:
+    job, work = warm_job
+    ex = job.executor
+    ex.cfg = replace(ex.cfg, keep_steps=["tg-exporter", "tg-agent"])
+    ex.restart(spec(job.name, ACTIVE, ["n3"]), ctx("restart", seconds=90))
+    standby = start_standby_agent(job, work, "n3", ex.cfg.agent_ports["n3"])
+    try:
+        wait_until(
+            lambda: all(_state(work, n).get("state") == "running" for n in ACTIVE), 400, "agents running"
+        )
+        wait_until(lambda: _state(work, "n3").get("state") == "warm", 400, "the standby's agent warm")
+        both_stepped(work, _state(work, "n1")["generation"], 90)
+        steps = sorted(i for i, _, _ in job.training_steps())
+
+        # n2 evicted: the plan's stop, evict, restart with n3 in n2's place -- all warm.
+        t0 = time.time()
+        ex.stop(spec(job.name, ACTIVE, ["n3"]), ctx("stop", seconds=60))
+        ex.evict(spec(job.name, ACTIVE, ["n3"]), ["n2"], ctx("evict", category="xid"))
+        ex.restart(spec(job.name, ["n1", "n3"], []), ctx("restart", seconds=60))
+        assert ex.warm.last["path"] == "warm", ex.warm.last
+        gen = ex.warm.last["generation"]
+        line = wait_until(
+            lambda: next((p for p in _progress(work, "n3") if p[4] == str(gen)), None), 30, "n3 stepping"
+        )
+        assert line[2] == "1"  # n2's rank, on the standby
+        print(f"\nstandby join to its first step: {float(line[0]) - t0:.2f} s")
+        assert _state(work, "n2")["state"] == "warm" and not _state(work, "n2")["ranks"]
+        assert sorted(i for i, _, _ in job.training_steps()) == steps  # no new training step
+    finally:
+        for pid in _rank_pids(work, "n3"):
+            _kill(pid)
+        _kill(standby.pid)
+        standby.wait(30)
+
+
+def _progress(work: Path, node: str) -> list[list[str]]:
+    path = work / f"progress-{node}.log"
+    return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
