@@ -46,6 +46,7 @@ def step_command(work: Path, keys: Path, agent_base: int, job: str) -> list[str]
         f"exec {sys.executable} -m trainguard launch --job {job} --agent --no-publish "
         f"--agent-port $(({agent_base} + ${{SLURMD_NODENAME#n}} * 10)) --master-addr 127.0.0.1 "
         f"--agent-preload torch,torch.distributed --agent-state-dir {work}/agent/{{node}} "
+        f"--agent-code-root {work}/code "
         f"-- {sys.executable} {GLOO_PY} {work}"
     )
     return [
@@ -113,7 +114,7 @@ def first_step(work: Path, node: str, generation: int) -> float | None:
         return None
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 5 and parts[4] == str(generation):
+        if len(parts) == 6 and parts[4] == str(generation):
             return float(parts[0])
     return None
 
@@ -233,3 +234,33 @@ def test_a_standby_agent_joins_in_the_evicted_nodes_place_warm(warm_job: tuple[T
 def _progress(work: Path, node: str) -> list[list[str]]:
     path = work / f"progress-{node}.log"
     return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_hot_update_goes_to_the_agents_and_the_restart_runs_the_new_version_warm(
+    warm_job: tuple[TrainingJob, Path],
+) -> None:
+    job, work = warm_job
+    ex = job.executor
+    (work / "code" / "v2").mkdir(parents=True)  # version v2's directory (the script is absolute)
+    s = spec(job.name, ACTIVE, [])
+    ex.restart(s, ctx("restart", seconds=90))
+    wait_until(lambda: all(_state(work, n).get("state") == "running" for n in ACTIVE), 400, "agents running")
+    both_stepped(work, _state(work, "n1")["generation"], 90)
+    steps = sorted(i for i, _, _ in job.training_steps())
+
+    # The plan of a code update: hot_update (the agents pre-warm v2: lazy), then stop + restart,
+    # which carries v2 (urgent) -- in place.
+    ex.hot_update(s, "v2", ctx("hot_update", seconds=60))
+    assert any(c.argv == ["trainguard-agents", "code"] and c.rc == 0 for c in ex.commands)
+    wait_until(
+        lambda: all(_state(work, n).get("pending_code_version") == "v2" for n in ACTIVE), 30, "v2 pending"
+    )
+    ex.stop(s, ctx("stop", seconds=60))
+    ex.restart(s, ctx("restart", seconds=120))
+    assert ex.warm.last["path"] == "warm", ex.warm.last
+    gen = ex.warm.last["generation"]
+    both_stepped(work, gen, 60)
+    versions = {p[5] for n in ACTIVE for p in _progress(work, n) if p[4] == str(gen)}
+    assert versions == {"v2"}
+    assert all(_state(work, n)["code_version"] == "v2" for n in ACTIVE)
+    assert sorted(i for i, _, _ in job.training_steps()) == steps
