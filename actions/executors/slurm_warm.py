@@ -1,6 +1,7 @@
 """The Slurm executor's warm path (issue #37 item 2): ``stop``, ``restart`` and ``hot_update``
 through the job's node agents, in the same allocation and the same ``srun`` step, when every
-agent of the old and new node lists is warm (:mod:`trainguard.actions.executors.agents`).
+agent of the new node list is warm (for ``stop`` and a code switch: of the running step's
+nodes; :mod:`trainguard.actions.executors.agents`).
 
 Each method answers whether the warm path did the step; False means the executor goes on with
 its cold path (``scancel``, a new ``srun`` step), and the reason is logged and recorded as a
@@ -53,8 +54,11 @@ class SlurmWarmPath:
         lo, hi = self.ex.cfg.agent_master_ports  # two, checked by the config
         return lo, hi
 
-    def _probe(self, spec: JobSpec, job_id: str, new: list[str], ctx: StepContext) -> Probed:
-        """The agents of the running step's nodes (old) and ``new``, and whether all are warm."""
+    def _probe(
+        self, spec: JobSpec, job_id: str, new: list[str], ctx: StepContext, must: list[str] | None = None
+    ) -> Probed:
+        """The agents of the running step's nodes (old) and ``new``, and whether those of ``must``
+        (default: all of them) are warm."""
         old = sorted({n for s in self.ex.training_steps(job_id, ctx) for n in s.nodes})
         if not old:
             return Probed([], {}, old, "no training step runs (no agents to restart in place)")
@@ -66,21 +70,34 @@ class SlurmWarmPath:
         per_node = (cfg.tasks_per_node or spec.topology.ranks_per_machine) if cfg.agent_per_rank else 1
         urls = agents.agent_urls(union, addrs, cfg.agent_ports, cfg.agent_port, per_node)
         probes = agents.probe(urls, min(cfg.agent_timeout_s, 5.0))
-        return Probed(probes, addrs, old, agents.warm_verdict(probes, union))
+        needed = union if must is None else must
+        verdict = agents.warm_verdict([p for p in probes if p.node in needed], needed)
+        return Probed(probes, addrs, old, verdict)
 
     def restart(self, spec: JobSpec, job_id: str, nodes: list[str], ctx: StepContext) -> bool:
         """Restart the ranks in place on ``nodes`` (spec order) when every agent is warm."""
         t0 = time.monotonic()
-        probes, addrs, old, why = self._probe(spec, job_id, nodes, ctx)
+        # Only the new world's agents must be warm: an evicted machine's agent is often gone with
+        # its machine, and its ranks (if any still run) are told to stop when it answers; a stale
+        # rank cannot rejoin, the new world has a fresh MASTER_PORT and generation.
+        probes, addrs, old, why = self._probe(spec, job_id, nodes, ctx, must=nodes)
         # A hot update since the agents started: this restart carries its version (urgent); a
         # cold restart loads the switched code anyway, so either path consumes it.
         version = self.ex._take_agent_code(spec.job)
         if not why:
             world = agents.next_world(probes, nodes, addrs, self._ports())
             assert self.ex.signer is not None  # _probe said warm
+            needed = [p for p in probes if p.node in nodes]
+            leaving = [p for p in probes if p.node not in nodes and p.doc]
             failed = agents.send_restarts(
-                spec.job, world, probes, self.ex.signer, self.ex.cfg.agent_timeout_s, version
+                spec.job, world, needed, self.ex.signer, self.ex.cfg.agent_timeout_s, version
             )
+            if leaving:  # best effort: a machine leaving the job keeps no ranks of it
+                gone = agents.send_restarts(
+                    spec.job, world, leaving, self.ex.signer, self.ex.cfg.agent_timeout_s
+                )
+                if gone:
+                    log.warning("slurm: agents leaving %s did not stop their ranks: %s", spec.job, gone)
             if not failed:
                 self.ex._bump_generation(spec.job, world.generation)
                 detail = (
