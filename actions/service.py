@@ -197,7 +197,7 @@ class JobsFollower:
         self.consumer = KafkaConsumer(
             **settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
         )
-        parts = [TopicPartition(JOBS.name, p) for p in range(JOBS.partitions)]
+        parts = [TopicPartition(JOBS.name, p) for p in range(settings.kafka.partitions(JOBS))]
         self.consumer.assign(parts)
         self.consumer.seek_to_beginning(*parts)
 
@@ -269,11 +269,12 @@ class ActionService:
         self.metrics.watch(self.store)
         self.store.on_transition = self.metrics.transition
         self._metrics_server: MetricsServer | None = None
-        env = ExecutorEnv(state_dir=self.dir / "executor", kafka_bootstrap=settings.kafka.bootstrap_servers)
-        self.executor = executor or create_executor(cfg.executor, cfg.executor_options, env)
-        self.producer = producer or EventProducer(
-            settings.kafka, linger_ms=0, signer=signer_for(settings, "actions")
+        signer = signer_for(settings, "actions")
+        env = ExecutorEnv(
+            state_dir=self.dir / "executor", kafka_bootstrap=settings.kafka.bootstrap_servers, signer=signer
         )
+        self.executor = executor or create_executor(cfg.executor, cfg.executor_options, env)
+        self.producer = producer or EventProducer(settings.kafka, linger_ms=0, signer=signer)
         #: decisions and job specs are acted on only with a valid signature (None: signing off).
         self.verifier = verifier_for(settings)
         self.publisher = KafkaPublisher(self.producer)

@@ -18,6 +18,10 @@ Metric (no point-adjust: a detected window does *not* turn its unflagged points 
 * **F1** = harmonic mean of point precision and window recall (the "composite F-score" of
   Garg et al., 2022, IEEE TNNLS, "An evaluation of anomaly detection and diagnosis in multivariate
   time series").  "Overall" sums the counts over files (micro average) before dividing.
+* **point recall** = flagged points inside a label window / all points inside label windows;
+* **point F1** = harmonic mean of point precision and point recall: every point is labelled by
+  NAB's windows (inside any window: anomalous) and judged on its own.  This is the F1 the
+  comparison below ranks detectors by (#41).
 * ``chance_p`` is the fraction of scored points inside windows: the point precision of random
   flags, to read precision against (NAB windows are wide).
 * ``auc`` is the threshold-free point-level ROC AUC of the raw scores against in-window labels
@@ -26,6 +30,12 @@ Metric (no point-adjust: a detected window does *not* turn its unflagged points 
 Threshold (never looks at labels, same rule for every file and detector): the ``q`` quantile
 (default 0.99) of the detector's scores over the second half of the probationary period (the
 first half is the detector's own warm-up).  Points scoring strictly above it are flagged.
+
+Comparison (printed after the per-detector tables, ``"comparison"`` in the JSON): per file, each
+detector's point F1; the file's winner (highest point F1; ``-`` when all are 0); and per detector
+how many files it beats the reference (``--reference``, default ``ewma_zscore``, the simplest) on,
+strictly, by point F1 (a tie is not a win), with the median point F1 and median composite F1 over
+files.
 
 The bench runs the detectors with the parameters in :data:`BENCH_PARAMS` (Isolation Forest
 refits every 256 samples instead of 128, to keep the run short); the autoencoder is trained
@@ -63,7 +73,9 @@ BENCH_PARAMS: dict[str, dict[str, Any]] = {
     "isolation_forest": {"refit_every": 256},
     # Two features (value, delta): a one-unit bottleneck.
     "autoencoder": {"code": 1, "hidden": 8, "refit_every": 256},
+    "robust_zscore": {},
 }
+DEFAULT_REFERENCE = "ewma_zscore"
 
 
 class RobustZ:
@@ -136,6 +148,16 @@ class Counts:
         return 2 * p * r / (p + r) if p + r else 0.0
 
     @property
+    def point_recall(self) -> float:
+        return self.true_pos / self.in_window if self.in_window else 0.0
+
+    @property
+    def point_f1(self) -> float:
+        """Point-wise F1: every point labelled by the windows, no point-adjust."""
+        p, r = self.precision, self.point_recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    @property
     def chance_precision(self) -> float:
         return self.in_window / self.points if self.points else 0.0
 
@@ -145,6 +167,8 @@ class Counts:
             "precision": self.precision,
             "window_recall": self.recall,
             "f1": self.f1,
+            "point_recall": self.point_recall,
+            "point_f1": self.point_f1,
             "chance_p": self.chance_precision,
         }
 
@@ -172,6 +196,8 @@ def evaluate_flags(flags: np.ndarray, windows: Sequence[tuple[int, int]], start:
     >>> c = evaluate_flags(flags, [(45, 55), (80, 90)], start=20)
     >>> (c.flagged, c.true_pos, c.windows, c.detected, round(c.f1, 3))
     (3, 2, 2, 1, 0.571)
+    >>> (c.in_window, round(c.point_recall, 3), round(c.point_f1, 3))  # 2 of 22 in-window points
+    (22, 0.091, 0.16)
     """
     labels = np.zeros(len(flags), dtype=bool)
     c = Counts()
@@ -284,17 +310,90 @@ def _mean_auc(rows: Iterable[dict[str, Any]]) -> float | None:
 
 METRIC = (
     "point precision (flagged in-window / flagged), window recall (windows flagged >= once / windows), "
-    "F1 = harmonic mean of the two; no point-adjust; first 15% of each file unscored; "
+    "F1 = harmonic mean of the two; point recall (flagged in-window / in-window points), "
+    "point F1 = harmonic mean of point precision and point recall; no point-adjust; "
+    "first 15% of each file unscored; "
     "threshold = q-quantile of scores in the 2nd half of that probationary period (no labels)"
 )
+
+
+def compare(results: dict[str, Any], reference: str = DEFAULT_REFERENCE) -> dict[str, Any]:
+    """Per-file point F1 of every detector, each file's winner, and each detector's wins over
+    ``reference`` (strictly higher point F1 on a file); ``best`` is the detector with the most
+    wins (ties broken by median point F1), chosen over all files at once, never per file.
+
+    >>> row = lambda f1s: {"files": {f"f{i}": {"point_f1": v, "f1": v} for i, v in enumerate(f1s)}}
+    >>> c = compare({"detectors": {"ref": row([0.1, 0.2, 0.0]), "new": row([0.3, 0.2, 0.0])}}, "ref")
+    >>> c["winner"], c["wins"]["new"], c["best"]
+    ({'f0': 'new', 'f1': 'ref new', 'f2': '-'}, {'wins': 1, 'ties': 2, 'losses': 0, 'files': 3}, 'new')
+    """
+    dets = results["detectors"]
+    files = list(next(iter(dets.values()))["files"]) if dets else []
+    point = {f: {n: dets[n]["files"][f]["point_f1"] for n in dets} for f in files}
+    winner = {}
+    for f, row in point.items():
+        top = max(row.values(), default=0.0)
+        winner[f] = " ".join(n for n, v in row.items() if v == top) if top > 0 else "-"
+    wins: dict[str, dict[str, int]] = {}
+    medians: dict[str, dict[str, float]] = {}
+    for n in dets:
+        medians[n] = {
+            "point_f1": float(np.median([point[f][n] for f in files])) if files else 0.0,
+            "f1": float(np.median([dets[n]["files"][f]["f1"] for f in files])) if files else 0.0,
+        }
+        if reference not in dets or n == reference:
+            continue
+        diffs = [point[f][n] - point[f][reference] for f in files]
+        wins[n] = {
+            "wins": sum(d > 0 for d in diffs),
+            "ties": sum(d == 0 for d in diffs),
+            "losses": sum(d < 0 for d in diffs),
+            "files": len(files),
+        }
+    best = max(wins, key=lambda n: (wins[n]["wins"], medians[n]["point_f1"]), default=None)
+    return {
+        "reference": reference,
+        "point_f1": point,
+        "winner": winner,
+        "wins": wins,
+        "medians": medians,
+        "best": best,
+    }
 
 
 def _fmt(name: str, row: dict[str, Any]) -> str:
     auc = "  -  " if row.get("auc") is None else f"{row['auc']:.3f}"
     return (
         f"  {name:42s} {row['windows']:3d} {row['detected']:4d} {row['flagged']:7d} {row['true_pos']:6d} "
-        f"{row['precision']:6.3f} {row['window_recall']:6.3f} {row['f1']:6.3f} {row['chance_p']:8.3f} {auc}"
+        f"{row['precision']:6.3f} {row['window_recall']:6.3f} {row['f1']:6.3f} "
+        f"{row['point_recall']:6.3f} {row['point_f1']:6.3f} {row['chance_p']:8.3f} {auc}"
     )
+
+
+def print_comparison(comp: dict[str, Any]) -> None:
+    """The per-file point-F1 table, each file's winner, and the win rates over the reference."""
+    names = list(comp["medians"])
+    if not names:
+        return
+    print(f"\nPoint F1 per file (no point-adjust); reference: {comp['reference']}")
+    cols = [n[:16] for n in names]
+    print(f"  {'file':42s} " + " ".join(f"{c:>16s}" for c in cols) + "  winner")
+    for f, row in comp["point_f1"].items():
+        print(f"  {f:42s} " + " ".join(f"{row[n]:16.3f}" for n in names) + f"  {comp['winner'][f]}")
+    print(f"  {'median point F1':42s} " + " ".join(f"{comp['medians'][n]['point_f1']:16.3f}" for n in names))
+    print(
+        f"  {'median F1 (window recall)':42s} " + " ".join(f"{comp['medians'][n]['f1']:16.3f}" for n in names)
+    )
+    for n, w in comp["wins"].items():
+        rate = w["wins"] / w["files"] if w["files"] else 0.0
+        print(
+            f"  {n} beats {comp['reference']} on {w['wins']}/{w['files']} files ({rate:.0%}); "
+            f"ties {w['ties']}, loses {w['losses']}"
+        )
+    if comp["best"] is not None:
+        w = comp["wins"][comp["best"]]
+        rate = w["wins"] / w["files"] if w["files"] else 0.0
+        print(f"  best detector: {comp['best']}, win rate {w['wins']}/{w['files']} = {rate:.0%}")
 
 
 def print_report(results: dict[str, Any]) -> None:
@@ -302,10 +401,12 @@ def print_report(results: dict[str, Any]) -> None:
     for name, res in results["detectors"].items():
         took = f"{res['seconds']:.1f} s wall, {res['cpu_seconds']:.1f} s CPU"
         print(f"\n{name}  params={res['params']}  ({took})")
-        print(f"  {'file':42s} win  det flagged     tp  prec   w_rec    F1  chance_p  auc")
+        print(f"  {'file':42s} win  det flagged     tp  prec   w_rec    F1  p_rec  p_F1  chance_p  auc")
         for fname, row in res["files"].items():
             print(_fmt(fname, row))
         print(_fmt("OVERALL (micro)", res["overall"]))
+    if "comparison" in results:
+        print_comparison(results["comparison"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -319,11 +420,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--q", type=float, default=DEFAULT_Q, help="probation quantile for the threshold")
     parser.add_argument("--ae-stride", type=int, default=1, help="autoencoder learns every n-th sample")
+    parser.add_argument(
+        "--reference",
+        default=DEFAULT_REFERENCE,
+        help="detector the others' per-file wins are counted against",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args(argv)
     # stderr: the tables or the JSON on stdout stay as they were.
     with Progress("nab", unit="files") as bar, bar.ticking():
         results = run(args.data_dir, args.detectors, args.q, args.ae_stride, bar)
+    results["comparison"] = compare(results, args.reference)
     if args.json:
         print(json.dumps(results, indent=1))
     else:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.detectors.anomaly import Autoencoder, EWMAZScore, WindowedIsolationForest
+from trainguard.detectors.anomaly import Autoencoder, EWMAZScore, RobustZScore, WindowedIsolationForest
 from trainguard.detectors.base import AnomalyDetector
 from trainguard.schemas.config import ConfigError, load_config
 
@@ -39,7 +39,7 @@ def registered() -> dict[str, Registration]:
     """Snapshot of the registry, by name.
 
     >>> sorted(registered())
-    ['autoencoder', 'ewma_zscore', 'isolation_forest']
+    ['autoencoder', 'ewma_zscore', 'isolation_forest', 'robust_zscore']
     """
     return dict(_REGISTRY)
 
@@ -81,5 +81,7 @@ def build(name: str, params: Mapping[str, Any] | None = None) -> AnomalyDetector
 
 register("ewma_zscore", EWMAZScore)
 register("isolation_forest", WindowedIsolationForest)
+# Long median/MAD baseline: keeps scoring a regime change the EWMA has already absorbed (#41).
+register("robust_zscore", RobustZScore)
 # Imports torch when built (not when registered), and only pays off on multivariate samples.
 register("autoencoder", Autoencoder)

@@ -32,11 +32,12 @@ def create_topics(cfg: KafkaConfig, topics: Iterable[Topic] = TOPICS, namespace:
     """Create the registry's topics that do not exist; verify partition counts of those that do.
 
     ``namespace``: their twins in that topic namespace instead (:func:`trainguard.schemas.topics.namespaced`,
-    e.g. ``shadow``), with the same partitions and configs; ``""`` is the live topics.
+    e.g. ``shadow``), with the same partitions and configs; ``""`` is the live topics.  Partitions,
+    replication factor and ``min.insync.replicas`` are the deployment's (:meth:`KafkaConfig.topic_plan`).
     """
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
-    from kafka.errors import KafkaError, TopicAlreadyExistsError
+    from kafka.errors import InvalidReplicationFactorError, KafkaError, TopicAlreadyExistsError
 
     try:
         admin = KafkaAdminClient(**cfg.client_kwargs())
@@ -48,20 +49,31 @@ def create_topics(cfg: KafkaConfig, topics: Iterable[Topic] = TOPICS, namespace:
         wanted = [(n, t) for n, t in by_name.items() if n not in existing]
         created = []
         for name, t in wanted:
+            plan = cfg.topic_plan(t)
+            configs = {**t.configs(), "min.insync.replicas": str(plan.min_insync_replicas)}
             try:
-                admin.create_topics([NewTopic(name, t.partitions, 1, topic_configs=t.configs())])
+                admin.create_topics(
+                    [NewTopic(name, plan.partitions, plan.replication_factor, topic_configs=configs)]
+                )
                 created.append(name)
             except TopicAlreadyExistsError:  # raced with another `stack up`
                 pass
+            except InvalidReplicationFactorError as exc:
+                brokers = len(admin.describe_cluster().get("brokers") or [])
+                raise BusError(
+                    f"topic {name}: replication factor {plan.replication_factor} needs as many live "
+                    f"brokers, the cluster at {cfg.bootstrap_servers} has {brokers} "
+                    "(lower kafka.replication_factor, or start the missing brokers)"
+                ) from exc
         described = admin.describe_topics(list(by_name))
         for d in described:
             name = d.get("name") or d.get("topic")  # kafka-python 3.x says "name", 2.x "topic"
-            want = by_name[name].partitions
+            want = cfg.partitions(by_name[name])
             have = len(d.get("partitions") or [])
             if have and have != want:
                 raise BusError(
-                    f"topic {name} has {have} partitions, the registry says {want}; "
-                    "Faust workers need them equal (recreate the topic or change the registry)"
+                    f"topic {name} has {have} partitions, the configuration says {want}; "
+                    "Faust workers need them equal (recreate the topic or change kafka.topics)"
                 )
         return created
     except KafkaError as exc:
@@ -129,7 +141,10 @@ class EventProducer:
                 **self.cfg.client_kwargs(),
                 linger_ms=self.linger_ms,
                 compression_type=self.cfg.compression,
+                # Every in-sync replica has the record before it counts as sent, and a retry after a
+                # leader change is not written twice (kafka-python's default with acks=all; said so).
                 acks="all",
+                enable_idempotence=True,
                 max_request_size=16 * 1024 * 1024,
                 **self.extra,
             )

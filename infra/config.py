@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from trainguard.infra.signing import SigningConfig
 from trainguard.schemas.config import ConfigError, load_config, load_yaml_file
+from trainguard.schemas.topics import BY_NAME, Topic
 from trainguard.schemas.typecheck import bounds
 
 _PORT = bounds(1, 65535)
@@ -31,6 +32,29 @@ T = TypeVar("T")
 KafkaClient = Literal["kafka-python", "aiokafka"]
 #: ClickHouseConfig's TLS file options (each must exist when a client is created).
 _CH_TLS_FILES = ("ca_file", "cert_file", "key_file")
+#: the ClickHouse cluster name (``remote_servers``) of the local cluster stack (``stack up --cluster``).
+LOCAL_CLUSTER = "trainguard"
+
+
+@dataclass(frozen=True)
+class TopicSettings:
+    """One topic's deployment settings (``kafka.topics.<name>``); unset fields take the defaults
+    of :class:`KafkaConfig` (replication) or the registry (partitions)."""
+
+    #: more partitions spread a topic over more workers; co-partitioned topics must stay equal.
+    partitions: int | None = field(default=None, metadata=bounds(1, 10_000))
+    replication_factor: int | None = field(default=None, metadata=bounds(1, 32))
+    #: replicas that must have a write before ``acks=all`` returns (Kafka's ``min.insync.replicas``).
+    min_insync_replicas: int | None = field(default=None, metadata=bounds(1, 32))
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """What a topic is created with: partitions, replication factor, min in-sync replicas."""
+
+    partitions: int
+    replication_factor: int
+    min_insync_replicas: int
 
 
 @dataclass(frozen=True)
@@ -51,11 +75,45 @@ class KafkaConfig:
     request_timeout_ms: int = field(default=15_000, metadata=bounds(100, 600_000))
     #: producer compression; gzip needs no native library on any client (kafka-python, aiokafka).
     compression: str | None = "gzip"
+    #: every topic's replication factor and ``min.insync.replicas`` unless ``topics`` says
+    #: otherwise: 1/1 for the one-broker embedded stack; production wants 3/2 (a broker may be lost
+    #: without losing an acknowledged write or refusing new ones).
+    replication_factor: int = field(default=1, metadata=bounds(1, 32))
+    min_insync_replicas: int = field(default=1, metadata=bounds(1, 32))
+    #: per topic (registry name, e.g. ``trainguard.training.steps``): partitions and replication.
+    topics: dict[str, TopicSettings] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         allowed = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"}
         if self.security_protocol not in allowed:
             raise ValueError(f"security_protocol must be one of {sorted(allowed)}")
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas {self.min_insync_replicas} > replication_factor "
+                f"{self.replication_factor} (no write could ever be acknowledged)"
+            )
+        unknown = sorted(set(self.topics) - set(BY_NAME))
+        if unknown:
+            raise ValueError(f"topics: unknown topic(s) {unknown}; the registry's are {sorted(BY_NAME)}")
+        for t in BY_NAME.values():
+            self.topic_plan(t)  # min.insync.replicas above the replication factor: an error now
+
+    def topic_plan(self, topic: Topic) -> TopicPlan:
+        """``topic``'s partitions and replication in this deployment.  A topic outside the registry
+        (a worker's changelog, a namespaced twin named by its base topic) takes the defaults."""
+        own = self.topics.get(topic.name, TopicSettings())
+        rf = own.replication_factor or self.replication_factor
+        isr = own.min_insync_replicas or min(self.min_insync_replicas, rf)
+        if isr > rf:
+            raise ValueError(
+                f"topic {topic.name}: min_insync_replicas {isr} > replication_factor {rf} "
+                "(no write could ever be acknowledged)"
+            )
+        return TopicPlan(own.partitions or topic.partitions, rf, isr)
+
+    def partitions(self, topic: Topic) -> int:
+        """``topic``'s partition count in this deployment (the registry's unless configured)."""
+        return self.topic_plan(topic).partitions
 
     @property
     def servers(self) -> list[str]:
@@ -123,6 +181,10 @@ class ClickHouseConfig:
     connect_timeout_s: float = field(default=5.0, metadata=bounds(0.1, 600))
     #: a clickhouse-connect DSN overriding host/port, e.g. ``chdb:///path`` for in-process tests.
     dsn: str | None = None
+    #: the ClickHouse cluster (a ``remote_servers`` name) the tables are replicated over: migrations
+    #: run ``ON CLUSTER`` with ``Replicated*`` tables behind ``Distributed`` ones of the queried
+    #: names (:mod:`trainguard.infra.clickhouse.cluster_ddl`); empty: one server, plain tables.
+    cluster: str = ""
 
     def __post_init__(self) -> None:
         if bool(self.cert_file) != bool(self.key_file):
@@ -141,6 +203,8 @@ class ClickHouseConfig:
             )
         if self.secure and self.dsn and self.dsn.startswith("chdb"):
             raise ValueError("secure/TLS options do not apply to a chdb DSN (in-process ClickHouse)")
+        if self.cluster and self.dsn and self.dsn.startswith("chdb"):
+            raise ValueError("cluster does not apply to a chdb DSN (in-process ClickHouse has no replicas)")
 
     @property
     def url(self) -> str:
@@ -171,6 +235,12 @@ class ClickHouseConfig:
                 "connect_timeout": self.connect_timeout_s,
                 "compress": "gzip",
             }
+            if self.cluster:
+                # An insert returns once a replica stored it (not queued on the server it went to),
+                # and a retried batch meets the block checksums of its first try there.  A subquery
+                # over a Distributed table inside a distributed query is sent to the shards as a
+                # temporary table (18.16 refuses such a query by default, "Double-distributed").
+                kw["settings"] = {"insert_distributed_sync": 1, "distributed_product_mode": "global"}
         if not self.secure:
             return kw
         files = {name: self._tls_file(name) for name in _CH_TLS_FILES if getattr(self, name)}
@@ -231,6 +301,33 @@ class StackConfig:
     k8s_apiserver_port: int = field(default=16443, metadata=_PORT)
     #: where the built control-plane binaries are; empty: ``<cache_dir>/k8s-<version>/bin``.
     k8s_bin_dir: str = ""
+    #: clients use the local cluster of ``stack up --cluster`` (below) instead of the one-node stack.
+    cluster: bool = False
+    #: its Kafka brokers, each broker and KRaft controller (a voter) at once: broker i (from 1)
+    #: listens on ``cluster_kafka_port + i - 1``, its controller on ``cluster_kafka_controller_port + i - 1``.
+    cluster_kafka_brokers: int = field(default=3, metadata=bounds(1, 9))
+    cluster_kafka_port: int = field(default=19192, metadata=_PORT)
+    cluster_kafka_controller_port: int = field(default=19292, metadata=_PORT)
+    #: small: three brokers share the machine with everything else.
+    cluster_kafka_heap_mb: int = field(default=384, metadata=bounds(128, 65536))
+    #: its ClickHouse replicas (one shard), replica i on ``<port> + i - 1`` of each port below.
+    cluster_clickhouse_replicas: int = field(default=2, metadata=bounds(1, 9))
+    cluster_clickhouse_http_port: int = field(default=18223, metadata=_PORT)
+    cluster_clickhouse_tcp_port: int = field(default=19100, metadata=_PORT)
+    #: where replicas fetch parts from each other.
+    cluster_clickhouse_interserver_port: int = field(default=19110, metadata=_PORT)
+    #: the ZooKeeper that coordinates the replicas (ClickHouse 18.16 has no Keeper).
+    zookeeper_port: int = field(default=12181, metadata=_PORT)
+    zookeeper_heap_mb: int = field(default=128, metadata=bounds(64, 65536))
+
+    def cluster_ports(self, base: int, count: int) -> list[int]:
+        """``count`` consecutive ports from ``base`` (one per broker or replica)."""
+        return [base + i for i in range(count)]
+
+    @property
+    def cluster_bootstrap(self) -> str:
+        ports = self.cluster_ports(self.cluster_kafka_port, self.cluster_kafka_brokers)
+        return ",".join(f"127.0.0.1:{p}" for p in ports)
 
     @property
     def home_path(self) -> Path:
@@ -353,14 +450,30 @@ def load_settings(
 
 
 def _derive_embedded_endpoints(settings: Settings, data: dict[str, Any], env: dict[str, str]) -> Settings:
-    """With the embedded stack on custom ports, point clients at them unless set explicitly."""
+    """With the embedded stack on custom ports, point clients at them unless set explicitly.
+
+    With ``stack.cluster`` the local cluster's: every broker, replica 1's HTTP port, the cluster
+    name for the migrations, and replication 3 / min in-sync 2 (capped by the brokers there)."""
     if not settings.stack.embedded:
         return settings
-    kafka, ch = settings.kafka, settings.clickhouse
-    kafka_set = "bootstrap_servers" in data.get("kafka", {}) or "TRAINGUARD__KAFKA__BOOTSTRAP_SERVERS" in env
-    ch_set = "port" in data.get("clickhouse", {}) or "TRAINGUARD__CLICKHOUSE__PORT" in env
-    if not kafka_set:
-        kafka = replace(kafka, bootstrap_servers=f"127.0.0.1:{settings.stack.kafka_port}")
-    if not ch_set and not ch.dsn:
-        ch = replace(ch, host="127.0.0.1", port=settings.stack.clickhouse_http_port)
+    kafka, ch, st = settings.kafka, settings.clickhouse, settings.stack
+
+    def given(section: str, key: str) -> bool:
+        return key in (data.get(section) or {}) or f"TRAINGUARD__{section.upper()}__{key.upper()}" in env
+
+    if not given("kafka", "bootstrap_servers"):
+        servers = st.cluster_bootstrap if st.cluster else f"127.0.0.1:{st.kafka_port}"
+        kafka = replace(kafka, bootstrap_servers=servers)
+    if not given("clickhouse", "port") and not ch.dsn:
+        port = st.cluster_clickhouse_http_port if st.cluster else st.clickhouse_http_port
+        ch = replace(ch, host="127.0.0.1", port=port)
+    if st.cluster:
+        if not given("clickhouse", "cluster") and not ch.dsn:
+            ch = replace(ch, cluster=LOCAL_CLUSTER)
+        rf, isr = kafka.replication_factor, kafka.min_insync_replicas
+        if not given("kafka", "replication_factor"):
+            rf = min(3, st.cluster_kafka_brokers)
+        if not given("kafka", "min_insync_replicas"):
+            isr = max(1, min(2, rf - 1))
+        kafka = replace(kafka, replication_factor=rf, min_insync_replicas=isr)
     return replace(settings, kafka=kafka, clickhouse=ch)

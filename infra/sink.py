@@ -9,8 +9,9 @@ or dead-lettered.  When ClickHouse is away (any failure :class:`~trainguard.infr
 calls retryable) the loop drops its in-memory copy, rewinds to the committed offsets and waits (the
 shared :class:`~trainguard.infra.backoff.Backoff` policy) before reading the batch again: memory stays bounded
 however long ClickHouse is down, nothing is lost and the process stays up.  Duplicates from
-redelivery collapse in the ReplacingMergeTree tables (ClickHouse's insert deduplication does not
-apply to them, see :mod:`trainguard.infra.clickhouse.store`).
+redelivery collapse in the ReplacingMergeTree tables; on a replicated cluster a batch read again
+into the same blocks is also dropped whole by ClickHouse's block deduplication (18.16 has no
+deduplication token; see :mod:`trainguard.infra.clickhouse.store`).
 
 When ClickHouse refuses rows for what they hold (a value out of its column's range), retrying
 cannot help and must not stall every topic: :class:`BatchWriter` bisects that table's part of the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything TrainGuard needs on a fresh Debian machine (idempotent, quick when done):
-# system packages (Java 17 + Maven for the Kafka broker, Debian's clickhouse-server, slurm-wlm + munge
-# for the optional local Slurm, prometheus and chromium for the tests, python3-venv),
+# system packages (Java 17 + Maven for the Kafka broker, Debian's clickhouse-server, zookeeper for the
+# cluster stack's ClickHouse replicas, slurm-wlm + munge for the optional local Slurm, prometheus and chromium for the tests, python3-venv),
 # then a virtualenv in .venv with every role of the project at the exact versions of constraints.txt
 # (pip's cache is kept, so the multi-GB torch wheel is downloaded once per machine).
 set -euo pipefail
@@ -11,6 +11,9 @@ need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
 command -v clickhouse-server >/dev/null 2>&1 || need+=(clickhouse-server clickhouse-client)
+# ZooKeeper coordinates the replicas of `trainguard stack up --cluster` (ClickHouse 18.16 has no
+# Keeper); a jar under /usr/share/java, run by the stack itself (Debian starts no service of it).
+[ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 # Slurm + munge for `trainguard stack up --slurm` (the daemons live in /usr/sbin, often not on PATH).
 command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need+=(slurm-wlm munge)
 # promtool (tests the shipped alert rules) and a real Prometheus (scrapes a worker and an exporter

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.detectors.routing import INPUTS
 from trainguard.infra.backoff import Backoff
 from trainguard.infra.bus import (
     authentic,
@@ -36,7 +37,7 @@ from trainguard.infra.bus import (
     trace_of,
     verifier_for,
 )
-from trainguard.infra.config import Settings
+from trainguard.infra.config import KafkaConfig, Settings
 from trainguard.infra.signing import SIGNED_TOPICS
 from trainguard.schemas.base import Event
 from trainguard.schemas.codec import DecodeError, decode, encode
@@ -46,6 +47,19 @@ from trainguard.streams.kafka_compat import aiokafka_kwargs
 from trainguard.streams.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+
+
+def check_copartitioned(kafka: KafkaConfig) -> None:
+    """Raise ``ValueError`` when the topics of one stage have different partition counts (set in
+    ``kafka.topics``): a stage keeps a key's state on the worker that owns its partition, so a
+    job's steps, exits and liveness -- or its decisions, dumps and Flight Recorder -- must land on
+    the same partition number of each topic."""
+    for stage, topics in INPUTS.items():
+        counts = {t.name: kafka.partitions(t) for t in topics}
+        if len(set(counts.values())) > 1:
+            raise ValueError(
+                f"kafka.topics: the {stage} stage's topics must have equal partitions, got {counts}"
+            )
 
 
 @dataclass
@@ -68,6 +82,7 @@ class WorkerContext:
 
     def __post_init__(self) -> None:
         self.namespace = self.cfg.topic_namespace
+        check_copartitioned(self.settings.kafka)
         self.registry = {self.topic_name(t): t for t in TOPICS}
         # Decisions and capture commands go out signed; decisions, job specs and control
         # commands come in verified (both None when signing is off).
@@ -80,7 +95,7 @@ class WorkerContext:
 
     def faust_topic(self, t: Topic) -> Any:
         if t.name not in self.topics:
-            self.topics[t.name] = self.raw_topic(self.topic_name(t), t.partitions)
+            self.topics[t.name] = self.raw_topic(self.topic_name(t), self.settings.kafka.partitions(t))
         return self.topics[t.name]
 
     def raw_topic(self, name: str, partitions: int) -> Any:

@@ -43,6 +43,7 @@ from trainguard.detectors.keyed_state import STATEFUL, PathState
 from trainguard.detectors.routing import INPUTS
 from trainguard.detectors.state import StateError
 from trainguard.infra.backoff import Backoff
+from trainguard.infra.config import KafkaConfig
 from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.topics import Topic
 from trainguard.streams.context import WorkerContext
@@ -55,14 +56,16 @@ def changelog_name(app_id: str, stage: str) -> str:
     return f"{app_id}-state-{stage}-changelog"
 
 
-def changelog_topics(app_id: str) -> list[Topic]:
-    """The changelog topics of a worker group's state tables (compacted, kept forever)."""
+def changelog_topics(app_id: str, kafka: KafkaConfig | None = None) -> list[Topic]:
+    """The changelog topics of a worker group's state tables (compacted, kept forever), with as
+    many partitions as their stage's input topics in ``kafka`` (the registry's without it)."""
+    kafka = kafka or KafkaConfig()
     return [
         Topic(
             changelog_name(app_id, stage),
             Event,
             "",
-            INPUTS[stage][0].partitions,
+            kafka.partitions(INPUTS[stage][0]),
             retention_ms=-1,
             max_message_bytes=8 * 1_048_576,
             doc=f"state of the {stage} stage",
@@ -78,7 +81,7 @@ class StageStore:
     def __init__(self, ctx: WorkerContext, state: PathState, stage: str) -> None:
         self.ctx, self.state, self.stage = ctx, state, stage
         self.topics = {ctx.topic_name(t) for t in INPUTS[stage]}
-        self.partitions = INPUTS[stage][0].partitions
+        self.partitions = ctx.settings.kafka.partitions(INPUTS[stage][0])
         self.changelog = changelog_name(ctx.cfg.app_id, stage)
         self.topic = ctx.raw_topic(self.changelog, self.partitions)
         self.ready = asyncio.Event()  # shared by every stage (WorkerState)

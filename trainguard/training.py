@@ -6,6 +6,10 @@ What a rank uses:
   exporter over a Unix socket (never to Kafka: a training image needs no broker credentials);
 - :class:`DataPosition`, :class:`ResumableSampler` and :class:`SeededSamples` -- where a rank is in
   its data, saved with every checkpoint, so a restart reads exactly the batches it would have read;
+- :class:`Checkpointer` (with :class:`CheckpointConfig`) -- every-step asynchronous checkpoints
+  of model, optimizer and data position: a host-memory snapshot, the shard on the local disk and
+  a backup on a peer machine outside the rank's parallel groups, sent over TCP; restore from the
+  newest step every rank can load (:class:`RestoreResult` says when it fell back);
 - :class:`ShadowLoader` (with :class:`ShadowLoaderConfig`) -- a standby DataLoader that takes over a
   hung or dead loader in place, on the same data position.
 
@@ -47,14 +51,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainguard.streams.checkpoint import CheckpointConfig, Checkpointer, CheckpointStats, RestoreResult
     from trainguard.streams.data_position import DataPosition, ResumableSampler, SeededSamples
     from trainguard.streams.reporter import Reporter
     from trainguard.streams.shadow_loader import LoaderEvent, ShadowLoader, ShadowLoaderConfig
 
 __all__ = [
+    "CheckpointConfig",
+    "CheckpointStats",
+    "Checkpointer",
     "DataPosition",
     "LoaderEvent",
     "Reporter",
+    "RestoreResult",
     "ResumableSampler",
     "SeededSamples",
     "ShadowLoader",
@@ -70,6 +79,10 @@ _HOMES = {
     "ShadowLoader": "trainguard.streams.shadow_loader",
     "ShadowLoaderConfig": "trainguard.streams.shadow_loader",
     "LoaderEvent": "trainguard.streams.shadow_loader",
+    "Checkpointer": "trainguard.streams.checkpoint",
+    "CheckpointConfig": "trainguard.streams.checkpoint",
+    "CheckpointStats": "trainguard.streams.checkpoint",
+    "RestoreResult": "trainguard.streams.checkpoint",
 }
 
 

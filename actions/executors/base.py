@@ -40,6 +40,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from trainguard.infra.signing import Signer
 from trainguard.schemas.config import ConfigError, load_config
 from trainguard.schemas.control import JobSpec, stable_id
 
@@ -83,6 +84,9 @@ class ExecutorEnv:
 
     state_dir: Path
     kafka_bootstrap: str = ""
+    #: the action service's signer (``actions`` key), for commands an executor sends itself
+    #: (the node agents' signed restarts); None when signing is off.
+    signer: Signer | None = None
 
 
 @runtime_checkable

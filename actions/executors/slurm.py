@@ -19,6 +19,10 @@ Recovery therefore never waits in the queue:
 * ``run_diagnostics`` / ``run_replay`` run the configured commands as steps on the named nodes;
 * ``hot_update`` switches the code version (``hot_update_command``, then ``version_file``); the
   plan's next step restarts the job, whose ranks get it as ``TRAINGUARD_CODE_VERSION``.
+* with ``agents`` (the ranks under ``trainguard launch --agent``), ``stop``, ``restart`` and
+  ``hot_update`` go through the job's warm node agents when every one is warm -- the ranks restart
+  in place, in the same step -- and take the cold path above otherwise
+  (:mod:`trainguard.actions.executors.slurm_warm`);
 * ``machine_positions`` reads each node's leaf switch and spine from ``topology.conf``, for the
   action service's topology-aware choice of standbys (:mod:`trainguard.actions.placement`).
 
@@ -81,6 +85,7 @@ from trainguard.actions.executors.base import (
     unconfigured_commands,
 )
 from trainguard.actions.executors.hostlist import expand_hostlist
+from trainguard.actions.executors.slurm_warm import SlurmWarmPath
 from trainguard.actions.positions import parse_topology_conf
 from trainguard.schemas import names
 from trainguard.schemas.control import JobSpec
@@ -172,6 +177,27 @@ class SlurmExecutorConfig:
     topology_conf: str = ""
     #: a machine's pod is its leaf switch's ancestor this many levels up (1: the spine).
     topology_pod_level: int = field(default=1, metadata=bounds(0, 16))
+    #: the ranks run under warm node agents (``trainguard launch --agent``, docs/guides/warm-agent.md):
+    #: ``stop``, ``restart`` (a swap's too) and ``hot_update`` go through them when every agent of
+    #: the old and new node lists is warm, else the cold path (scancel, a new step).  Needs signing.
+    agents: bool = False
+    #: a node's first agent port (the agent's ``--port`` / ``launch --agent-port``).
+    agent_port: int = field(default=9403, metadata=bounds(1, 65535))
+    #: node -> its own first agent port, where several slurmd share one address (the local stack:
+    #: every node is 127.0.0.1) and their agents therefore distinct ports.
+    agent_ports: dict[str, int] = field(default_factory=dict)
+    #: one agent per rank at ``agent_port`` + local rank (``launch --agent``); off: one agent per
+    #: node (``trainguard agent --ranks-per-node N``) at ``agent_port``.
+    agent_per_rank: bool = True
+    #: an agent's answer to a state query or a command (a restart waits for its ranks' stop+fork).
+    agent_timeout_s: float = field(default=30.0, metadata=_SECONDS)
+    #: the warm path's ``MASTER_PORT``s: generation g gets ``lo + g % (hi - lo)``.
+    agent_master_ports: list[int] = field(default_factory=lambda: [29600, 29900], metadata=bounds(1, 65535))
+
+    def __post_init__(self) -> None:
+        ports = self.agent_master_ports
+        if len(ports) != 2 or not ports[0] < ports[1]:
+            raise ValueError(f"agent_master_ports: give [lo, hi] with lo < hi, got {self.agent_master_ports}")
 
 
 @dataclass(frozen=True)
@@ -262,6 +288,10 @@ class SlurmExecutor:
         self.last_provision: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._launched: dict[str, subprocess.Popen[bytes]] = {}
+        #: signs the node agents' commands (the action service's ``actions`` key).
+        self.signer = env.signer
+        #: stop / restart / hot update through the node agents when they are warm (``agents``).
+        self.warm = SlurmWarmPath(self)
         base = {
             k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))
         }
@@ -484,6 +514,27 @@ class SlurmExecutor:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, self._state_file(job))
 
+    def _bump_generation(self, job: str, generation: int) -> None:
+        """A warm restart's generation: the next cold step's ``TRAINGUARD_RESTART`` comes after it."""
+        data = self._load(job)
+        if data["generation"] < generation:
+            data["generation"] = generation
+            self._save(job, data)
+
+    def _set_agent_code(self, job: str, version: str) -> None:
+        """A hot update the job's agents have not restarted on yet (the next restart carries it)."""
+        data = self._load(job)
+        data["agent_code"] = version
+        self._save(job, data)
+
+    def _take_agent_code(self, job: str) -> str:
+        """The pending hot update's version for this restart ("" when none), consumed."""
+        data = self._load(job)
+        version = str(data.pop("agent_code", "") or "")
+        if version:
+            self._save(job, data)
+        return version
+
     def _remember(self, spec: JobSpec, job_id: str, extra: Iterable[str] = ()) -> None:
         """Nodes seen in a spec are handed out in Slurm job ``job_id``: provision_standbys never
         returns them as new there."""
@@ -521,6 +572,8 @@ class SlurmExecutor:
     def stop(self, spec: JobSpec, ctx: StepContext) -> None:
         job_id = self.slurm_job_id(spec.job, ctx)
         self._remember(spec, job_id)
+        if self.cfg.agents and self.warm.stop(spec, job_id, ctx):
+            return  # the ranks are stopped, their agents stay warm for the restart
         self._cancel_training(job_id, ctx)
 
     def _cancel_training(self, job_id: str, ctx: StepContext) -> None:
@@ -611,6 +664,8 @@ class SlurmExecutor:
         if outside:
             raise PermanentError(f"nodes {outside} are not in Slurm job {alloc.job_id} of {spec.job}")
         self.require_usable(nodes, f"refusing to restart {spec.job}", ctx)
+        if self.cfg.agents and self.warm.restart(spec, alloc.job_id, nodes, ctx):
+            return  # restarted in place by the agents: the same step, no new srun
         name = f"{TRAIN}.{ctx.op_id[:12]}"
         running = self.training_steps(alloc.job_id, ctx)
         if any(s.name == name and sorted(s.nodes) == sorted(nodes) for s in running):
@@ -882,6 +937,8 @@ class SlurmExecutor:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(version + "\n")
         os.replace(tmp, path)
+        if self.cfg.agents:  # the restart that follows carries the version; pre-warm it now
+            self.warm.code(spec, self.slurm_job_id(spec.job, ctx), version, ctx)
 
     def _version_file(self, job: str) -> Path:
         if self.cfg.version_file:  # the site's own template: the name is one path component in it

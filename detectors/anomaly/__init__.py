@@ -7,5 +7,6 @@ and scikit-learn is imported on the first Isolation Forest fit.
 from trainguard.detectors.anomaly.autoencoder import Autoencoder
 from trainguard.detectors.anomaly.ewma import EWMAZScore
 from trainguard.detectors.anomaly.iforest import WindowedIsolationForest
+from trainguard.detectors.anomaly.robust import RobustZScore
 
-__all__ = ["Autoencoder", "EWMAZScore", "WindowedIsolationForest"]
+__all__ = ["Autoencoder", "EWMAZScore", "RobustZScore", "WindowedIsolationForest"]

@@ -15,13 +15,15 @@ rows later -- or the rows themselves refused (a value out of its column's range,
 retrying them can never succeed, so the sink isolates and dead-letters them instead.
 
 Deduplication of inserts: ClickHouse's ``insert_deduplicate`` only applies to ``Replicated*``
-tables (18.16: block checksums kept in ZooKeeper), and ``insert_deduplication_token`` (22.2+) on a
-plain MergeTree needs the table setting ``non_replicated_deduplication_window``, which 18.16 does
-not have.  Neither applies to our non-replicated tables on 18.16, and neither could catch a
-redelivery anyway: the sink's batches are cut differently when records are read again (and split
-when one is bisected), so a block's checksum or a per-batch token never repeats.  Duplicates are
-collapsed by the ``ReplacingMergeTree`` tables instead, keyed by each event's natural key (read
-with ``FINAL``).
+tables (18.16: block checksums kept in ZooKeeper), and ``insert_deduplication_token`` (22.2+) does
+not exist in 18.16 (its ``system.settings`` has no such setting).  On a cluster
+(``clickhouse.cluster``, :mod:`trainguard.infra.clickhouse.cluster_ddl`) the tables are
+``Replicated*``, so a batch retried as it was (an insert that failed after the server stored it)
+has the same blocks and is stored once, whichever replica takes the retry.  No token could
+catch a redelivery anyway: the sink's batches are cut differently when records are read again
+(and split when one is bisected), so neither a block's checksum nor a per-batch token repeats.
+Those duplicates are collapsed by the ``ReplacingMergeTree`` tables, keyed by each event's natural
+key (read with ``FINAL``), on both topologies.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 from typing import Any
 
+from trainguard.infra.clickhouse.cluster_ddl import ClusterDDL, ClusterDDLError, local_name
 from trainguard.infra.clickhouse.rows import TELEMETRY_TABLES, Row, rows_by_table
 from trainguard.infra.config import ClickHouseConfig
 from trainguard.schemas.base import Event
@@ -268,10 +271,22 @@ class ClickHouseStore:
 
     def ensure_database(self) -> None:
         admin = self._connect(None)
+        sql = f"CREATE DATABASE IF NOT EXISTS {self.cfg.database}"
         try:
-            admin.command(f"CREATE DATABASE IF NOT EXISTS {self.cfg.database}")
+            if self.cfg.cluster:
+                # ON CLUSTER waits for every server: only when it is missing here, so a client of a
+                # cluster with one replica down still connects.
+                found = admin.command(
+                    "SELECT count() FROM system.databases WHERE name = %(db)s",
+                    parameters={"db": self.cfg.database},
+                )
+                sql = "" if int(found) else self._ddl().create_database()
+            if sql:
+                admin.command(sql)
         except Exception as exc:
-            raise StoreError(f"cannot create database {self.cfg.database!r}: {exc}") from exc
+            raise StoreError(
+                f"cannot create database {self.cfg.database!r}: {exc}{self._cluster_hint(exc)}"
+            ) from exc
         finally:
             if not self.cfg.dsn:  # a chdb session is process-wide: closing it ends it
                 admin.close()
@@ -295,8 +310,45 @@ class ClickHouseStore:
             return False
 
     # -- migrations -------------------------------------------------------------------------
+    def _ddl(self) -> ClusterDDL:
+        return ClusterDDL(self.cfg.cluster, self.cfg.database)
+
+    def _cluster_hint(self, exc: BaseException) -> str:
+        """What to check when a statement ``ON CLUSTER`` failed (nothing on one server)."""
+        if not self.cfg.cluster:
+            return ""
+        code = error_code(exc)
+        if code == 170:  # BAD_GET: no such cluster in remote_servers
+            return f" -- clickhouse.cluster {self.cfg.cluster!r} is no cluster of the server's remote_servers"
+        if code == 159 or "distributed_ddl_task_timeout" in str(exc):
+            return (
+                f" -- a server of cluster {self.cfg.cluster!r} did not run the statement in time: "
+                "is every replica up, and ZooKeeper?"
+            )
+        if code in (225, 999):  # NO_ZOOKEEPER, KEEPER_EXCEPTION
+            return " -- the server cannot reach ZooKeeper (its <zookeeper> section)"
+        return ""
+
+    def _run_ddl(self, statements: list[str]) -> None:
+        """Run one migration's statements, each rendered for the cluster when there is one."""
+        for stmt in statements:
+            try:
+                self.client.command(stmt)
+            except Exception as exc:
+                raise StoreError(
+                    f"ClickHouse rejected statement: {exc}{self._cluster_hint(exc)}\n{stmt[:300]}"
+                ) from exc
+
     def applied_migrations(self) -> dict[int, str]:
-        self.command(_MIGRATIONS_DDL)
+        if self.cfg.cluster:
+            exists = self.query(
+                "SELECT count() FROM system.tables WHERE database = %(db)s AND name = 'schema_migrations'",
+                {"db": self.cfg.database},
+            )[0][0]
+            if not exists:  # ON CLUSTER only when missing: `stack status` with a replica down still works
+                self._run_ddl(self._ddl().render(_MIGRATIONS_DDL))
+        else:
+            self.command(_MIGRATIONS_DDL)
         rows = self.query(
             "SELECT version, argMax(checksum, applied_at) FROM schema_migrations GROUP BY version"
         )
@@ -306,7 +358,17 @@ class ClickHouseStore:
         """Apply the migrations not yet recorded; return those applied now (idempotent)."""
         applied = self.applied_migrations()
         done = []
+        ddl = self._ddl()
         for mig in load_migrations():
+            try:
+                # Rendered even when applied: an ALTER on a cluster needs its table's sharding key.
+                statements = (
+                    [s for stmt in mig.statements() for s in ddl.render(stmt)]
+                    if ddl.cluster
+                    else mig.statements()
+                )
+            except ClusterDDLError as exc:
+                raise StoreError(f"migration {mig.version:04d}_{mig.name}: {exc}") from exc
             if mig.version in applied:
                 if applied[mig.version] != mig.checksum:
                     raise StoreError(
@@ -314,8 +376,7 @@ class ClickHouseStore:
                         f"(recorded {applied[mig.version]}, file {mig.checksum}); add a new migration instead"
                     )
                 continue
-            for stmt in mig.statements():
-                self.command(stmt)
+            self._run_ddl(statements)
             self.insert_rows(
                 "schema_migrations",
                 [
@@ -405,11 +466,16 @@ class ClickHouseStore:
         return int(self.query(f"SELECT count() FROM {table} FINAL WHERE {where}", parameters)[0][0])
 
     # -- retention --------------------------------------------------------------------------
+    def storage_table(self, table: str) -> str:
+        """The table that holds ``table``'s parts: itself, or on a cluster its replicated ``_local``
+        table (the Distributed one has none)."""
+        return local_name(table) if self.cfg.cluster else table
+
     def partitions(self, table: str) -> list[str]:
         rows = self.query(
             "SELECT DISTINCT partition FROM system.parts "
             "WHERE database = %(db)s AND table = %(t)s AND active",
-            {"db": self.cfg.database, "t": table},
+            {"db": self.cfg.database, "t": self.storage_table(table)},
         )
         return sorted(str(r[0]) for r in rows)
 
@@ -421,7 +487,13 @@ class ClickHouseStore:
             for part in self.partitions(table):
                 day = _partition_day(part)
                 if day is not None and day < cutoff:
-                    self.command(f"ALTER TABLE {table} DROP PARTITION '{day.isoformat()}'")
+                    # On a cluster: the replicated table, on every shard (a replica drops it for all).
+                    where = (
+                        f"{self.storage_table(table)} ON CLUSTER {self.cfg.cluster}"
+                        if self.cfg.cluster
+                        else table
+                    )
+                    self.command(f"ALTER TABLE {where} DROP PARTITION '{day.isoformat()}'")
                     dropped.append((table, part))
         return dropped
 

@@ -12,9 +12,11 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 from xml.sax.saxutils import escape
 
-from trainguard.infra.config import StackConfig
+from trainguard.infra.config import LOCAL_CLUSTER, StackConfig
 from trainguard.infra.stack.procs import ManagedProcess, StackError, port_in_use, wait_until
 
 _CONFIG = """<?xml version="1.0"?>
@@ -40,7 +42,28 @@ _CONFIG = """<?xml version="1.0"?>
   <mark_cache_size>268435456</mark_cache_size>
   <uncompressed_cache_size>268435456</uncompressed_cache_size>
   <max_concurrent_queries>100</max_concurrent_queries>
-</yandex>
+{cluster}</yandex>
+"""
+
+#: A replica's part of config.xml in the cluster stack: ZooKeeper, the one-shard cluster of every
+#: replica, this replica's macros (``{{shard}}``/``{{replica}}`` in the ZooKeeper paths of the
+#: tables) and the ON CLUSTER DDL queue.
+_CLUSTER = """  <interserver_http_host>127.0.0.1</interserver_http_host>
+  <interserver_http_port>{interserver_port}</interserver_http_port>
+  <zookeeper>
+    <node><host>127.0.0.1</host><port>{zk_port}</port></node>
+    <session_timeout_ms>30000</session_timeout_ms>
+  </zookeeper>
+  <remote_servers>
+    <{cluster}>
+      <shard>
+        <!-- Each insert goes to one replica; ReplicatedMergeTree copies it to the others. -->
+        <internal_replication>true</internal_replication>
+{replicas}      </shard>
+    </{cluster}>
+  </remote_servers>
+  <macros><shard>1</shard><replica>r{index}</replica></macros>
+  <distributed_ddl><path>/clickhouse/task_queue/ddl</path></distributed_ddl>
 """
 
 _USERS = """<?xml version="1.0"?>
@@ -100,20 +123,70 @@ def install_with_apt() -> list[str]:
     return argv
 
 
-class ClickHouseServer:
-    """Write config, start/stop/check the local ClickHouse server."""
+@dataclass(frozen=True)
+class ReplicaNode:
+    """One ClickHouse server of a stack: the one-node stack's, or a replica of the cluster's."""
 
-    def __init__(self, cfg: StackConfig) -> None:
+    name: str
+    dir: Path
+    http_port: int
+    tcp_port: int
+    #: where the other replicas fetch parts from this one (0: a lone server, none).
+    interserver_port: int = 0
+    #: the cluster stack's part of config.xml (empty: a lone server).
+    cluster_xml: str = ""
+
+
+def single_server(cfg: StackConfig) -> ReplicaNode:
+    return ReplicaNode(
+        "clickhouse", cfg.home_path / "clickhouse", cfg.clickhouse_http_port, cfg.clickhouse_tcp_port
+    )
+
+
+def cluster_replicas(cfg: StackConfig) -> list[ReplicaNode]:
+    """The cluster stack's replicas (one shard), each knowing the others by their native port."""
+    n = cfg.cluster_clickhouse_replicas
+    http = cfg.cluster_ports(cfg.cluster_clickhouse_http_port, n)
+    tcp = cfg.cluster_ports(cfg.cluster_clickhouse_tcp_port, n)
+    inter = cfg.cluster_ports(cfg.cluster_clickhouse_interserver_port, n)
+    replicas = "".join(f"        <replica><host>127.0.0.1</host><port>{p}</port></replica>\n" for p in tcp)
+    return [
+        ReplicaNode(
+            f"clickhouse-{i + 1}",
+            cfg.home_path / "cluster" / f"clickhouse-{i + 1}",
+            http[i],
+            tcp[i],
+            inter[i],
+            _CLUSTER.format(
+                interserver_port=inter[i],
+                zk_port=cfg.zookeeper_port,
+                cluster=LOCAL_CLUSTER,
+                replicas=replicas,
+                index=i + 1,
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+class ClickHouseServer:
+    """Write config, start/stop/check one local ClickHouse server."""
+
+    def __init__(self, cfg: StackConfig, node: ReplicaNode | None = None) -> None:
         self.cfg = cfg
-        self.dir = cfg.home_path / "clickhouse"
+        self.node = node or single_server(cfg)
+        self.dir = self.node.dir
         self.config_file = self.dir / "config.xml"
         self.proc = ManagedProcess(
-            "clickhouse", self.dir / "clickhouse.pid", self.dir / "log" / "stdout.log", str(self.config_file)
+            self.node.name,
+            self.dir / "clickhouse.pid",
+            self.dir / "log" / "stdout.log",
+            str(self.config_file),
         )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.cfg.clickhouse_http_port}"
+        return f"http://127.0.0.1:{self.node.http_port}"
 
     def _write_config(self) -> None:
         for sub in ("data", "tmp", "user_files", "format_schemas", "log"):
@@ -121,7 +194,10 @@ class ClickHouseServer:
         d = escape(str(self.dir))
         self.config_file.write_text(
             _CONFIG.format(
-                dir=d, http_port=self.cfg.clickhouse_http_port, tcp_port=self.cfg.clickhouse_tcp_port
+                dir=d,
+                http_port=self.node.http_port,
+                tcp_port=self.node.tcp_port,
+                cluster=self.node.cluster_xml,
             )
         )
         (self.dir / "users.xml").write_text(_USERS)
@@ -130,11 +206,19 @@ class ClickHouseServer:
         """Fail with a clear message if another process holds one of our ports."""
         if self.proc.pid() is not None:
             return
-        for port in (self.cfg.clickhouse_http_port, self.cfg.clickhouse_tcp_port):
+        ports = [self.node.http_port, self.node.tcp_port]
+        where = "stack.clickhouse_http_port / stack.clickhouse_tcp_port"
+        if self.node.interserver_port:
+            ports.append(self.node.interserver_port)
+            where = (
+                "stack.cluster_clickhouse_http_port / _tcp_port / _interserver_port "
+                "(each replica takes the next port)"
+            )
+        for port in ports:
             if port_in_use(port):
                 raise StackError(
-                    f"port {port} is already in use by another process; choose other ports with "
-                    "stack.clickhouse_http_port / stack.clickhouse_tcp_port."
+                    f"port {port} is already in use by another process ({self.node.name} needs it); "
+                    f"choose other ports with {where}."
                 )
 
     def start(self) -> bool:

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.infra.config import KafkaConfig, StackConfig
@@ -80,14 +81,71 @@ _LOG4J2 = """<Configuration status="WARN">
 """
 
 
-def server_properties(cfg: StackConfig, data_dir: Path) -> str:
+@dataclass(frozen=True)
+class BrokerNode:
+    """One broker (and KRaft controller) of a stack: the one-node stack's, or one of the cluster's."""
+
+    name: str
+    node_id: int
+    port: int
+    controller_port: int
+    #: the controller quorum, ``id@host:port`` of every voter (each broker is one).
+    voters: str
+    dir: Path
+    heap_mb: int
+    #: replication of Kafka's internal topics (group offsets, transactions): the cluster's brokers, at most 3.
+    internal_replication: int = 1
+    #: where the cluster id shared by every broker of the cluster is kept (None: one of its own).
+    cluster_id_file: Path | None = None
+
+
+def single_node(cfg: StackConfig) -> BrokerNode:
+    """The one-node stack's broker (``stack up``)."""
+    return BrokerNode(
+        name="kafka",
+        node_id=1,
+        port=cfg.kafka_port,
+        controller_port=cfg.kafka_controller_port,
+        voters=f"1@127.0.0.1:{cfg.kafka_controller_port}",
+        dir=cfg.home_path / "kafka",
+        heap_mb=cfg.kafka_heap_mb,
+    )
+
+
+def cluster_nodes(cfg: StackConfig) -> list[BrokerNode]:
+    """The cluster stack's brokers (``stack up --cluster``): every one a voter of the quorum."""
+    n = cfg.cluster_kafka_brokers
+    ports = cfg.cluster_ports(cfg.cluster_kafka_port, n)
+    controllers = cfg.cluster_ports(cfg.cluster_kafka_controller_port, n)
+    voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(controllers))
+    home = cfg.home_path / "cluster"
+    return [
+        BrokerNode(
+            name=f"kafka-{i + 1}",
+            node_id=i + 1,
+            port=ports[i],
+            controller_port=controllers[i],
+            voters=voters,
+            dir=home / f"kafka-{i + 1}",
+            heap_mb=cfg.cluster_kafka_heap_mb,
+            internal_replication=min(3, n),
+            cluster_id_file=home / "kafka-cluster-id",
+        )
+        for i in range(n)
+    ]
+
+
+def server_properties(node: BrokerNode, data_dir: Path) -> str:
     host = "127.0.0.1"
+    rf = str(node.internal_replication)
+    # With 3 replicas an internal topic keeps taking writes with one broker down.
+    min_isr = str(max(1, node.internal_replication - 1))
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{host}:{cfg.kafka_controller_port}",
-        "listeners": f"PLAINTEXT://{host}:{cfg.kafka_port},CONTROLLER://{host}:{cfg.kafka_controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{cfg.kafka_port}",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": node.voters,
+        "listeners": f"PLAINTEXT://{host}:{node.port},CONTROLLER://{host}:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{node.port}",
         "controller.listener.names": "CONTROLLER",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
@@ -95,12 +153,12 @@ def server_properties(cfg: StackConfig, data_dir: Path) -> str:
         "num.partitions": "1",
         # Topics come from the registry (`stack up` creates them); a typo must not invent a topic.
         "auto.create.topics.enable": "false",
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": rf,
         "offsets.topic.num.partitions": "10",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": min_isr,
         # Workers must be ready in seconds, not after the default 3 s rebalance delay.
         "group.initial.rebalance.delay.ms": "0",
         "message.max.bytes": str(16 * 1024 * 1024),
@@ -110,20 +168,21 @@ def server_properties(cfg: StackConfig, data_dir: Path) -> str:
 
 
 class KafkaServer:
-    """Resolve jars, format storage once, start/stop/check the local broker."""
+    """Resolve jars, format storage once, start/stop/check one local broker."""
 
-    def __init__(self, cfg: StackConfig) -> None:
+    def __init__(self, cfg: StackConfig, node: BrokerNode | None = None) -> None:
         self.cfg = cfg
-        self.dir = cfg.home_path / "kafka"
+        self.node = node or single_node(cfg)
+        self.dir = self.node.dir
         self.data_dir = self.dir / "data"
         self.props_file = self.dir / "server.properties"
         self.proc = ManagedProcess(
-            "kafka", self.dir / "kafka.pid", self.dir / "server.log", str(self.props_file)
+            self.node.name, self.dir / "kafka.pid", self.dir / "server.log", str(self.props_file)
         )
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.cfg.kafka_port}"
+        return f"127.0.0.1:{self.node.port}"
 
     # -- installation ---------------------------------------------------------------------
     def libs_dir(self) -> Path:
@@ -194,14 +253,14 @@ class KafkaServer:
     # -- lifecycle --------------------------------------------------------------------------
     def _write_config(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.props_file.write_text(server_properties(self.cfg, self.data_dir))
+        self.props_file.write_text(server_properties(self.node, self.data_dir))
         (self.dir / "log4j2.xml").write_text(_LOG4J2.format(log=self.dir / "broker.log"))
 
     def _format_once(self, java: str, libs: Path, progress: Progress) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
-        progress.phase("kafka: formatting the log dir (once)")
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        progress.phase(f"{self.node.name}: formatting the log dir (once)")
+        cluster_id = self.cluster_id()
         cmd = [
             java,
             "-cp",
@@ -217,15 +276,32 @@ class KafkaServer:
         if res.returncode != 0:
             raise StackError(f"formatting the Kafka log dir failed:\n{(res.stdout + res.stderr)[-2000:]}")
 
+    def cluster_id(self) -> str:
+        """The id the log dir is formatted with: every broker of a cluster must share one."""
+        fresh = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        path = self.node.cluster_id_file
+        if path is None:
+            return fresh
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(fresh + "\n")
+        return path.read_text().strip()
+
     def check_ports(self) -> None:
         """Fail with a clear message if another process holds one of our ports."""
         if self.proc.pid() is not None:
             return
-        for port in (self.cfg.kafka_port, self.cfg.kafka_controller_port):
+        for port in (self.node.port, self.node.controller_port):
             if port_in_use(port):
+                where = (
+                    "stack.kafka_port / stack.kafka_controller_port (TRAINGUARD__STACK__KAFKA_PORT)"
+                    if self.node.cluster_id_file is None
+                    else "stack.cluster_kafka_port / stack.cluster_kafka_controller_port (each broker "
+                    "takes the next port)"
+                )
                 raise StackError(
-                    f"port {port} is already in use by another process; choose other ports with "
-                    "stack.kafka_port / stack.kafka_controller_port (TRAINGUARD__STACK__KAFKA_PORT)."
+                    f"port {port} is already in use by another process ({self.node.name} needs it); "
+                    f"choose other ports with {where}."
                 )
 
     def start(self, progress: Progress | None = None) -> bool:
@@ -238,12 +314,12 @@ class KafkaServer:
         libs = self.ensure_jars(bar)
         self._write_config()
         self._format_once(java, libs, bar)
-        bar.phase("kafka: starting the broker")
-        heap = f"-Xmx{self.cfg.kafka_heap_mb}m"
+        bar.phase(f"{self.node.name}: starting the broker")
+        heap = f"-Xmx{self.node.heap_mb}m"
         argv = [
             java,
             heap,
-            f"-Xms{min(256, self.cfg.kafka_heap_mb)}m",
+            f"-Xms{min(256, self.node.heap_mb)}m",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
@@ -257,7 +333,7 @@ class KafkaServer:
         return True
 
     def wait_healthy(self, timeout_s: float) -> None:
-        wait_until(lambda: self.healthy(2.0), timeout_s, "Kafka", self.proc)
+        wait_until(lambda: self.healthy(2.0), timeout_s, f"Kafka ({self.node.name})", self.proc)
 
     def healthy(self, timeout_s: float = 3.0) -> bool:
         return self.proc.pid() is not None and broker_reachable(

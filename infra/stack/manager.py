@@ -1,7 +1,9 @@
 """``trainguard stack up | down | status | reset``: the embedded Kafka + ClickHouse stack.
 
 With ``--slurm`` the stack also runs a private local Slurm cluster (:mod:`trainguard.infra.stack.slurm`), with
-``--k8s`` a private Kubernetes control plane (:mod:`trainguard.infra.stack.k8s`).
+``--k8s`` a private Kubernetes control plane (:mod:`trainguard.infra.stack.k8s`).  With ``stack.cluster``
+(``stack up --cluster``) Kafka and ClickHouse are the local cluster of :mod:`trainguard.infra.stack.cluster`
+instead: 3 brokers, 2 ClickHouse replicas and ZooKeeper.  ``down`` and ``reset`` cover both topologies.
 
 ``up`` is idempotent: servers already running are left alone, then the registry's topics and
 the ClickHouse migrations are applied (both idempotent too).  ``down`` stops only the processes
@@ -24,6 +26,7 @@ from trainguard.infra.config import Settings
 from trainguard.infra.progress import Progress
 from trainguard.infra.signing import init_keys
 from trainguard.infra.stack.clickhouse import ClickHouseServer, ping
+from trainguard.infra.stack.cluster import LocalCluster
 from trainguard.infra.stack.k8s import K8sCluster
 from trainguard.infra.stack.kafka import KafkaServer, broker_reachable
 from trainguard.infra.stack.procs import StackError
@@ -53,6 +56,7 @@ class Stack:
         self.clickhouse = ClickHouseServer(settings.stack)
         self.slurm = Slurm(settings.stack)
         self.k8s = K8sCluster(settings.stack)
+        self.cluster = LocalCluster(settings.stack)
 
     def _require_embedded(self) -> None:
         if not self.settings.stack.embedded:
@@ -89,25 +93,22 @@ class Stack:
             self.slurm = Slurm(self.settings.stack, nodes=slurm_nodes)
         # Check every port before starting anything: no half-started stack on a conflict.
         bar.phase("checking ports")
-        self.clickhouse.check_ports()
-        self.kafka.check_ports()
+        cluster = self.settings.stack.cluster
+        if cluster:
+            self.cluster.check_ports()
+        else:
+            self.clickhouse.check_ports()
+            self.kafka.check_ports()
         if slurm:
             self.slurm.check_ports()
         if k8s:
             self.k8s = K8sCluster(self.settings.stack, nodes=k8s_nodes)
             self.k8s.check_ports()
-        # Start both first, then wait: the JVM's start-up overlaps ClickHouse's.
-        bar.phase("clickhouse: starting")
-        if self.clickhouse.start():
-            report.started.append("clickhouse")
-        bar.phase("kafka: starting")
-        if self.kafka.start(bar):
-            report.started.append("kafka")
         timeout = self.settings.stack.start_timeout_s
-        bar.phase("clickhouse: waiting until it answers")
-        self.clickhouse.wait_healthy(timeout)
-        bar.phase("kafka: waiting until the broker answers")
-        self.kafka.wait_healthy(timeout)
+        if cluster:
+            report.started += self.cluster.start(bar, timeout)
+        else:
+            self._start_single(report, bar, timeout)
         if slurm:
             bar.phase(f"slurm: starting {len(self.slurm.cfg.node_names)} node(s)")
             report.started += self.slurm.start()
@@ -136,7 +137,21 @@ class Stack:
         report.seconds = time.monotonic() - t0
         return report
 
+    def _start_single(self, report: UpReport, bar: Progress, timeout: float) -> None:
+        # Start both first, then wait: the JVM's start-up overlaps ClickHouse's.
+        bar.phase("clickhouse: starting")
+        if self.clickhouse.start():
+            report.started.append("clickhouse")
+        bar.phase("kafka: starting")
+        if self.kafka.start(bar):
+            report.started.append("kafka")
+        bar.phase("clickhouse: waiting until it answers")
+        self.clickhouse.wait_healthy(timeout)
+        bar.phase("kafka: waiting until the broker answers")
+        self.kafka.wait_healthy(timeout)
+
     def down(self) -> list[str]:
+        """Stop every process of this home: both topologies, whichever ``stack.cluster`` says."""
         self._require_embedded()
         stopped = self.k8s.stop()
         stopped += self.slurm.stop()
@@ -144,12 +159,13 @@ class Stack:
             stopped.append("kafka")
         if self.clickhouse.stop():
             stopped.append("clickhouse")
+        stopped += self.cluster.stop()
         return stopped
 
     def reset(self) -> list[str]:
         stopped = self.down()
         home = self.settings.stack.home_path
-        for sub in ("kafka", "clickhouse", "slurm", "k8s"):
+        for sub in ("kafka", "clickhouse", "slurm", "k8s", "cluster"):
             shutil.rmtree(home / sub, ignore_errors=True)
         return stopped
 
@@ -168,8 +184,14 @@ class Stack:
         }
         if s.stack.embedded:
             out["home"] = str(s.stack.home_path)
-            out["kafka"]["pid"] = self.kafka.proc.pid()
-            out["clickhouse"]["pid"] = self.clickhouse.proc.pid()
+            if not s.stack.cluster:
+                out["kafka"]["pid"] = self.kafka.proc.pid()
+                out["clickhouse"]["pid"] = self.clickhouse.proc.pid()
+            # The cluster stack: every process, also when clients use the one-node stack (its
+            # processes run, and `down` stops them: status must show them).
+            out["cluster"] = self.cluster.status()
+            if s.stack.cluster or out["cluster"]["running"]:
+                out["healthy"] = out["healthy"] and out["cluster"]["healthy"]
             # Slurm is optional (`stack up --slurm`): it counts towards "healthy" only when it runs.
             out["slurm"] = self.slurm.status()
             if out["slurm"]["running"]:

@@ -225,7 +225,7 @@ def test_importing_detectors_does_not_import_torch_or_sklearn() -> None:
 
 
 def test_registry_builds_by_name_with_validated_params() -> None:
-    assert sorted(registered()) == ["autoencoder", "ewma_zscore", "isolation_forest"]
+    assert sorted(registered()) == ["autoencoder", "ewma_zscore", "isolation_forest", "robust_zscore"]
     assert build("isolation_forest", {"refit_every": 7}).params.refit_every == 7
     assert isinstance(build("autoencoder", {"seed": 3}), Autoencoder)
     assert get("ewma_zscore") is EWMAZScore

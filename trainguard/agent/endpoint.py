@@ -76,10 +76,15 @@ class Endpoint:
         port: int,
         state: Callable[[], tuple[dict[str, Any], bool]],
         submit: Callable[[bytes, list[tuple[str, bytes]]], tuple[int, dict[str, Any]]],
+        read_timeout_s: float = 10.0,
     ) -> None:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            # A client that opens a connection and sends nothing (or a body slower than this)
+            # must not hold one of the agent's threads: the socket reads time out.
+            timeout = read_timeout_s
+
             def log_message(self, format: str, *args: Any) -> None:  # the agent logs outcomes itself
                 return
 

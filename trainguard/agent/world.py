@@ -57,8 +57,10 @@ def world_of(args: dict[str, Any]) -> World:
     if isinstance(gen, bool) or not isinstance(gen, int) or not 0 <= gen < 2**62:
         raise ValueError(f"generation must be a non-negative integer, got {gen!r}")
     nodes = args.get("nodes")
-    if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
-        raise ValueError(f"nodes must be a non-empty list of node names, got {nodes!r}")
+    # An empty list is a world without machines: every agent stops its ranks and stays warm (the
+    # slurm executor's warm ``stop``, so the restart that follows is still warm).
+    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        raise ValueError(f"nodes must be a list of node names, got {nodes!r}")
     for n in nodes:
         why = names.NODE.problem(n)
         if why is not None:

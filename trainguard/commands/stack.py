@@ -8,8 +8,27 @@ import click
 
 from trainguard.context import friendly_errors, progress, settings
 from trainguard.infra.clickhouse.store import ClickHouseStore
-from trainguard.infra.config import home_note, home_origin
+from trainguard.infra.config import Settings, home_note, home_origin, load_settings
 from trainguard.infra.stack.manager import Stack
+
+CLUSTER_ENV = "TRAINGUARD__STACK__CLUSTER"
+
+
+def _settings(ctx: click.Context, cluster: bool) -> Settings:
+    """The command's settings; ``cluster``: as if ``stack.cluster`` were true (the cluster's endpoints)."""
+    s = settings(ctx)
+    if cluster and not s.stack.cluster:
+        s = load_settings(ctx.obj.get("config_path"), environ={**s.environ, CLUSTER_ENV: "true"})
+        ctx.obj["settings"] = s
+    return s
+
+
+_CLUSTER_OPTION = click.option(
+    "--cluster",
+    is_flag=True,
+    help="The local cluster instead of the one-node stack: 3 Kafka brokers (KRaft, 3 controller "
+    "voters), 2 ClickHouse replicas and ZooKeeper (what stack.cluster: true selects).",
+)
 
 
 @click.group()
@@ -39,9 +58,12 @@ def stack() -> None:
     default=None,
     help="Number of Kubernetes nodes n1..nN (default: stack.k8s_nodes, 12).",
 )
+@_CLUSTER_OPTION
 @click.pass_context
 @friendly_errors
-def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_nodes: int | None) -> None:
+def up(
+    ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_nodes: int | None, cluster: bool
+) -> None:
     """Start Kafka (KRaft) and ClickHouse, create topics, apply migrations (idempotent).
 
     Shows on stderr what runs now and for how long (Maven's downloads on a first start, the
@@ -51,7 +73,8 @@ def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_
         raise click.UsageError("--slurm-nodes needs --slurm")
     if k8s_nodes is not None and not k8s:
         raise click.UsageError("--k8s-nodes needs --k8s")
-    st = Stack(settings(ctx))
+    s = _settings(ctx, cluster)
+    st = Stack(s)
     # The summary below says how long it took: the progress line only leaves its slow phases.
     with progress(ctx, "stack up", summary=False) as bar, bar.ticking():
         report = st.up(slurm=slurm, slurm_nodes=slurm_nodes, k8s=k8s, k8s_nodes=k8s_nodes, progress=bar)
@@ -71,6 +94,11 @@ def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_
             f"k8s: {len(report.k8s_nodes)} node(s) Ready ({report.k8s_s:.1f}s); "
             f"export KUBECONFIG={st.k8s.admin_kubeconfig}"
         )
+    if cluster:
+        # Every other process must be told, or it would use the one-node stack's ports.
+        click.echo(
+            f"cluster: {s.kafka.bootstrap_servers}; ClickHouse {s.clickhouse.url}; export {CLUSTER_ENV}=true"
+        )
     click.echo(f"stack healthy in {report.seconds:.1f}s")
 
 
@@ -78,7 +106,8 @@ def up(ctx: click.Context, slurm: bool, slurm_nodes: int | None, k8s: bool, k8s_
 @click.pass_context
 @friendly_errors
 def down(ctx: click.Context) -> None:
-    """Stop this stack home's Kafka, ClickHouse, Slurm and Kubernetes processes (and nothing else)."""
+    """Stop this stack home's Kafka, ClickHouse, Slurm and Kubernetes processes, the cluster stack's
+    too (and nothing else)."""
     s = settings(ctx)
     stopped = Stack(s).down()
     # Nothing: perhaps a stack of another home runs -- say which one was looked in.
@@ -102,11 +131,13 @@ def reset(ctx: click.Context, yes: bool) -> None:
 
 @stack.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_CLUSTER_OPTION
 @click.pass_context
 @friendly_errors
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Endpoints and health; exit code 0 only when both servers are healthy."""
-    s = settings(ctx)
+def status(ctx: click.Context, as_json: bool, cluster: bool) -> None:
+    """Endpoints and health; exit code 0 only when both servers are healthy (and, when it runs or
+    is asked for, every process of the cluster stack)."""
+    s = _settings(ctx, cluster)
     st = Stack(s).status()
     if as_json:
         click.echo(json.dumps(st, sort_keys=True))
@@ -127,6 +158,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
             )
             click.echo(f"k8s         {ok[k8['healthy']]:8} {k8['server']} {nodes or k8.get('error', '')}")
             click.echo(f"            KUBECONFIG={k8['kubeconfig']}")
+        cl = st.get("cluster") or {}
+        if cl.get("running") or s.stack.cluster:
+            for part in [*cl["kafka"], *cl["clickhouse"]]:
+                where = part.get("bootstrap") or part.get("url")
+                click.echo(f"  {part['name']:14}{ok[part['healthy']]:8} {where}")
+            zk = cl["zookeeper"]
+            click.echo(f"  {'zookeeper':14}{ok[zk['healthy']]:8} 127.0.0.1:{zk['port']}")
         if st.get("home"):
             click.echo(f"home        {st['home']} ({home_origin(s)})")
     ctx.exit(0 if st["healthy"] else 1)

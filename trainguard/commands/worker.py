@@ -85,7 +85,7 @@ def _create_changelogs(s: Any, cfg: WorkerConfig) -> None:
     backoff = Backoff(initial_s=1.0, max_s=30.0)
     while True:
         try:
-            create_topics(s.kafka, changelog_topics(cfg.app_id))
+            create_topics(s.kafka, changelog_topics(cfg.app_id, s.kafka))
             return
         except BusError as exc:
             delay = backoff.next_delay()
