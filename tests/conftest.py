@@ -62,9 +62,51 @@ def store(request: pytest.FixtureRequest) -> Iterator[ClickHouseStore]:
     st.close()
 
 
+#: The three tiers, fastest first; ``scripts/test.sh -m unit`` is the quick one (docs/testing.md).
+TIERS = ("unit", "integration", "e2e")
+#: Fixtures that start a whole cluster of the test's own: a Slurm or a Kubernetes control plane.
+E2E_FIXTURES = frozenset({"slurm_cluster", "k8s_cluster", "k8s_job"})
+#: Fixtures that reach the real local servers (``stack_settings`` starts the stack if it is down);
+#: every fixture built on one (``worker``, ``start_service``, ...) has it in its closure.
+SERVER_FIXTURES = frozenset({"stack_settings"})
+#: Where a test on real servers is end-to-end: the demo's and the benchmarks' folders under tests/,
+#: or a module named for a demo, a chaos run, Slurm, Kubernetes or the own-job run.
+E2E_FOLDERS = frozenset({"demo", "bench"})
+E2E_WORDS = ("demo", "chaos", "slurm", "k8s", "own_job")
+TESTS = Path(__file__).resolve().parent
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier an item runs in: its closest explicit tier marker, else one inferred.
+
+    A test that needs no server (no ``stack_settings`` in its fixture closure, not on the real
+    ClickHouse, not marked ``slow``) is ``unit``; one that starts a Slurm or Kubernetes cluster, or
+    that needs servers and lives with the demo or the benchmarks (or is named for one of
+    :data:`E2E_WORDS`), is ``e2e``; any other test on servers is ``integration``.
+    """
+    for mark in item.iter_markers():  # closest first: function, class, module
+        if mark.name in TIERS:
+            return mark.name
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & E2E_FIXTURES:
+        return "e2e"
+    callspec = getattr(item, "callspec", None)
+    on_server = callspec is not None and callspec.params.get("store") == "clickhouse-18.16"
+    if not (on_server or fixtures & SERVER_FIXTURES or item.get_closest_marker("slow")):
+        return "unit"
+    path = item.path.resolve()
+    folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+    if folder in E2E_FOLDERS or any(word in path.stem for word in E2E_WORDS):
+        return "e2e"
+    return "integration"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Store tests on the real server are integration tests: mark them slow like the others.
     for item in items:
         callspec = getattr(item, "callspec", None)
+        # Store tests on the real server are integration tests: mark them slow like the others.
         if callspec is not None and callspec.params.get("store") == "clickhouse-18.16":
             item.add_marker(pytest.mark.slow)
+        tier = tier_of(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(tier)

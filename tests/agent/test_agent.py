@@ -36,7 +36,8 @@ from trainguard.schemas.codec import decode
 from trainguard.schemas.topics import COMMANDS
 from trainguard.schemas.workload import ProcessExit, RankRegistration
 
-pytestmark = pytest.mark.timeout(600)
+#: Three agents whose zygotes import torch and a 2-rank gloo job: not the quick tier (docs/testing.md).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 class Job(SimpleNamespace):

@@ -18,6 +18,10 @@ from trainguard.streams.data_position import DataPosition, ResumableSampler, See
 
 pytest.importorskip("torch")
 
+#: Whole training jobs in fresh processes, each loading torch: minutes on a busy host, not the
+#: quick tier (docs/testing.md).
+pytestmark = pytest.mark.integration
+
 JOB = Path(__file__).with_name("exact_resume_job.py")
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 14  # 6 steps per epoch: epochs 0, 1 and the start of 2

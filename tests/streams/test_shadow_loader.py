@@ -24,6 +24,10 @@ from trainguard.streams.shadow_loader import LINE_PREFIX, LoaderEvent, ShadowLoa
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+#: Real DataLoader worker processes, hung and killed on purpose: minutes on a busy host, not the
+#: quick tier (docs/testing.md).
+pytestmark = pytest.mark.integration
+
 N = 30  # 8 batches of 4 per epoch, the last one of 2
 BATCH = 4
 FAST = ShadowLoaderConfig(takeover_after_s=0.5, first_batch_s=60.0)
