@@ -19,8 +19,12 @@ see -- gloo records no point-to-point operations): ByteRobust's root; of several
 waiting ranks reach.  When the graph closes into a cycle instead (a rank that skipped a
 collective ran ahead and waits in the next one for ranks that wait for it), the missing ranks of
 the first stuck collective are the suspects.  When every rank
-entered the first stuck collective and none is missing, the group itself is suspect (a link, or a
-rank failing inside the collective).  Ranks that entered one sequence number of a group with a
+entered the first stuck collective and none is missing, the ranks whose entry never *started*
+while other members' did (NCCL marks a running kernel "started"; gloo never does) are *slow*, busy
+before it, and the suspects; when none is behind, there is no culprit rank: the group itself is
+suspect as a whole (a link, or a rank failing inside the collective) -- *missing* (never entered),
+*slow* (entered, not started) and *stuck* (started, never completed) are told apart.  Ranks that
+entered one sequence number of a group with a
 different op or sizes are a mismatch; the ranks in the minority are the suspects.  What is
 evicted for the suspects follows the stack analysis's rule
 (:func:`~trainguard.detectors.eviction.choose_eviction`): their parallel group, unless it spans
@@ -105,6 +109,9 @@ class StuckCollective:
     undumped: tuple[int, ...]  # members without a dump
     waited_s: float  # the longest wait in it before a dump
     first_entered_ns: int
+    #: entered it but never started it while others did: *slow* (its device still busy before it;
+    #: NCCL marks an entry "started" when its kernel runs, gloo never does, so gloo has none)
+    slow: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,6 +124,7 @@ class StuckCollective:
             "waiting": list(self.waiting),
             "missing": list(self.missing),
             "undumped": list(self.undumped),
+            "slow": list(self.slow),
             "waited_s": round(self.waited_s, 3),
         }
 
@@ -366,9 +374,18 @@ def _hang(
             reason = f"{_name(first)}: ranks {list(first.waiting)} waited {first.waited_s:.1f}s in it, "
             reason += f"on ranks {list(first.undumped)} that wrote no dump"
             return _result("hang", reason, (), (), topology, cfg, base)
+        if first.slow:  # NCCL: some members' kernels ran, the slow ones' never started
+            started = sorted(set(first.entered) - set(first.slow))
+            reason = (
+                f"{_name(first)}: ranks {list(first.slow)} entered it but never started it (slow: "
+                f"busy before it), while {started} started it and waited {first.waited_s:.1f}s for them"
+            )
+            return _result("hang", reason, (), first.slow, topology, cfg, base)
+        # No member is missing or behind: no rank is the culprit, the group is suspect as a whole.
         reason = (
-            f"{_name(first)}: every rank entered it and none completed it in {first.waited_s:.1f}s "
-            "(a link, or a rank failing inside the collective)"
+            f"stuck collective in group {first.desc or first.group}, no culprit rank: {_name(first)}: "
+            f"every rank entered it and none completed it in {first.waited_s:.1f}s "
+            "(a link, or a rank failing inside the collective: the group is suspect as a whole)"
         )
         return _result("hang", reason, (), first.waiting, topology, cfg, base)
     roots = sorted(r for r in _reachable(edges, starts) if not edges.get(r))
@@ -426,6 +443,10 @@ def _stuck(
         if longest < cfg.min_stuck_s:
             continue
         entered = {r for r in dumped if seq in coll[r].get(name, {})}
+        states = {r: e.state for r, e in pending[seq]}
+        slow = (
+            sorted(r for r, st in states.items() if st == "scheduled") if "started" in states.values() else []
+        )
         return StuckCollective(
             group=name,
             desc=desc,
@@ -438,6 +459,7 @@ def _stuck(
             undumped=tuple(r for r in members if r not in coll),
             waited_s=longest,
             first_entered_ns=min(e.created_ns for _, e in pending[seq]),
+            slow=tuple(slow),
         )
     return None
 

@@ -91,3 +91,29 @@ def test_waits_are_measured_from_the_dumps_own_time() -> None:
     out = analyze(per, FlightRecorderConfig())  # min_stuck_s applies: 30 s is well over it
     assert out["verdict"] == "hang" and out["suspect_ranks"] == [3]
     assert 29.9 < out["evidence"]["first_stuck"]["waited_s"] < 30.1
+
+
+def test_members_that_entered_but_never_started_are_slow_and_the_suspects() -> None:
+    # TP group [0..3]: all entered #2; 0, 1, 3 started it (their kernels ran), 2's never started.
+    per = {r: [entry(tp(r), 1, True, 0), entry(tp(r), 2, False, 5)] for r in range(4)}
+    per[2][1]["state"] = "scheduled"
+    per.update({r: [entry(tp(r), 1, True, 0)] for r in range(4, 8)})
+    out = analyze(per)
+    assert out["verdict"] == "hang" and out["suspect_ranks"] == [2] and out["missing_ranks"] == []
+    assert out["evidence"]["first_stuck"]["slow"] == [2]
+    assert "never started it (slow" in out["evidence"]["reason"]
+
+
+def test_every_member_started_and_none_completed_names_no_culprit_rank() -> None:
+    per = {r: [entry(tp(r), 1, True, 0), entry(tp(r), 2, False, 5)] for r in range(4)}
+    per.update({r: [entry(tp(r), 1, True, 0)] for r in range(4, 8)})
+    out = analyze(per)
+    reason = out["evidence"]["reason"]
+    assert (
+        out["verdict"] == "hang"
+        and out["missing_ranks"] == []
+        and out["evidence"]["first_stuck"]["slow"] == []
+    )
+    assert reason.startswith("stuck collective in group TENSOR_MODEL_PARALLEL_GROUP, no culprit rank")
+    # Not one member blamed: the whole group is the suspect (and its machine, the one it spans, goes).
+    assert out["suspect_ranks"] == [0, 1, 2, 3]
