@@ -196,11 +196,17 @@ class FlightRecorderResult:
 
 
 def _members(
-    name: str, seen: set[int], dumps: Mapping[int, RankDump], topology: JobTopology
+    name: str,
+    seen: set[int],
+    dumps: Mapping[int, RankDump],
+    topology: JobTopology,
+    seen_by: Mapping[str, set[int]],
 ) -> tuple[int, ...]:
     """A group's global ranks: ``pg_config``'s list; else the smallest parallel group (of a
     dimension larger than 1, or the whole job) holding every rank seen in it -- for one rank seen,
-    the one whose other members all lack a dump (the entries cannot show them); else the ranks seen."""
+    the one whose other members all lack a dump (the entries cannot show them); the ranks seen
+    when that group's other dumped ranks all recorded sibling groups in it (a group the command
+    line does not describe); else the ranks seen."""
     for d in dumps.values():
         g = d.groups.get(name)
         if g is not None and g.ranks:
@@ -212,6 +218,18 @@ def _members(
     fits = [g for g in candidates if seen <= set(g)]
     if len(seen) == 1:  # any of the rank's groups holds it: only one whose peers wrote no dump fits
         fits = [g for g in fits if all(r not in dumps for r in set(g) - seen)]
+    elif fits:
+        # The group may be a part of the smallest candidate, not all of it: an expert-parallel
+        # group, a TP group of 4 under --tp 8.  So it is when the candidate's other dumped ranks
+        # all recorded *sibling* groups (listless too, inside the candidate, disjoint from this
+        # one): they have a group of their own there, they are not missing from this one.  A
+        # dumped rank with no such group (it hung before its first collective in the buffer) is
+        # still a member, missing.
+        best = set(min(fits, key=lambda g: len(g)))
+        others = {r for r in best - seen if r in dumps}
+        siblings = {r for n, s in seen_by.items() if n != name and s <= best and not s & seen for r in s}
+        if others and others <= siblings:
+            return tuple(sorted(seen))
     return min(fits, key=len) if fits else tuple(sorted(seen))
 
 
@@ -281,9 +299,10 @@ def analyze_dumps(
     names = sorted({g for per in coll.values() for g in per}, key=lambda n: (len(n), n))
     groups, stuck, mismatches = [], [], []
     members_of: dict[str, tuple[int, ...]] = {}
+    seen_by = {name: {r for r in coll if name in coll[r]} for name in names}
     for name in names:
-        seen = {r for r in coll if name in coll[r]}
-        members = members_of[name] = _members(name, seen, dumps, topology)
+        seen = seen_by[name]
+        members = members_of[name] = _members(name, seen, dumps, topology, seen_by)
         dumped = [r for r in members if r in coll]
         entered = {r: max(coll[r].get(name, {}), default=0) for r in dumped}
         completed = {
