@@ -211,7 +211,7 @@ def _members(
         g = d.groups.get(name)
         if g is not None and g.ranks:
             return g.ranks
-    candidates = [tuple(range(topology.world_size))]
+    candidates: list[tuple[int, ...]] = [tuple(range(topology.world_size))]
     for kind in DIMS:
         if topology.size(kind) > 1:
             candidates += [tuple(g) for g in topology.groups(kind)]
@@ -225,7 +225,8 @@ def _members(
         # one): they have a group of their own there, they are not missing from this one.  A
         # dumped rank with no such group (it hung before its first collective in the buffer) is
         # still a member, missing.
-        best = set(min(fits, key=lambda g: len(g)))
+        smallest = min(fits, key=len)
+        best = set(smallest)
         others = {r for r in best - seen if r in dumps}
         siblings = {r for n, s in seen_by.items() if n != name and s <= best and not s & seen for r in s}
         if others and others <= siblings:
