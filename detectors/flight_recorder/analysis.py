@@ -228,7 +228,14 @@ def _members(
         smallest = min(fits, key=len)
         best = set(smallest)
         others = {r for r in best - seen if r in dumps}
-        siblings = {r for n, s in seen_by.items() if n != name and s <= best and not s & seen for r in s}
+        # A sibling of one rank proves nothing: a job with a dimension of size 1 (tp 1) records
+        # collectives in one-rank groups, which sit inside every group of their rank.
+        siblings = {
+            r
+            for n, s in seen_by.items()
+            if n != name and len(s) > 1 and s <= best and not s & seen
+            for r in s
+        }
         if others and others <= siblings:
             return tuple(sorted(seen))
     return min(fits, key=len) if fits else tuple(sorted(seen))

@@ -182,3 +182,15 @@ def test_a_listless_group_inside_a_dp_group_with_a_sibling_is_its_own_ranks() ->
     out = _gloo(per, topo)
     assert out["verdict"] == "hang" and out["suspect_ranks"] == [2] and out["missing_ranks"] == [2]
     assert out["evidence"]["first_stuck"]["members"] == [0, 2]
+
+
+def test_a_one_rank_group_is_no_sibling_a_rank_that_never_entered_stays_missing() -> None:
+    # tp 1 jobs record collectives in one-rank groups ("S6" of rank 6): that is no expert split of
+    # the DP group [0, 2, 4, 6]; rank 6, hung before its first "A" collective, is still missing.
+    topo = JobTopology(job="j", tp=2, pp=1, dp=4, ranks_per_machine=2)
+    per = {r: [e("T", 1)] for r in range(8)}
+    for r in (0, 2, 4):
+        per[r] = per[r] + [e("A", 1, "scheduled", age_s=30)]
+    per[6] = per[6] + [e("S6", 1)]
+    out = _gloo(per, topo)
+    assert out["suspect_ranks"] == [6] and out["missing_ranks"] == [6]
