@@ -45,6 +45,8 @@ class Scenario:
     # The rank the analysis should name when it is not the faulty one: gloo records no
     # point-to-point operations, so a rank blocked in a recv looks as if it waited for nothing.
     expected_suspect: int | None = None
+    also: tuple[int, ...] = ()  # more faulty ranks, same fault, same step
+    ep: int = 1  # expert-parallel group size (1: none)
 
 
 # rank = tp + TP*dp + TP*DP*pp (Megatron's tp-dp-pp order); two ranks per machine.  No mismatch
@@ -62,6 +64,19 @@ SCENARIOS = [
     Scenario("tp2pp2dp4_skip_allreduce", 2, 2, 4, "skip_allreduce", 3),
     Scenario("tp2pp2dp4_die", 2, 2, 4, "die", 10),
     Scenario("tp2pp2dp4_stop_in_allreduce", 2, 2, 4, "stop_in_allreduce", 7),
+]
+
+# Issue #41: Megatron-like groups the tp/pp/dp arithmetic alone does not cover -- TP groups of 4,
+# expert-parallel groups carved out of DP -- and several faulty ranks at once
+# (``--set megatron``, written to ``tests/fixtures/flight_recorder_megatron``).
+MEGATRON = [
+    Scenario("tp4pp2_healthy", 4, 2, 1, "none", expected_verdict="healthy", expected_kind=None),
+    Scenario("tp4pp2_compute_hang", 4, 2, 1, "compute_hang", 6),
+    Scenario("tp4pp2_two_compute_hangs", 4, 2, 1, "compute_hang", 1, also=(6,)),
+    Scenario("tp2dp4ep2_healthy", 2, 1, 4, "none", expected_verdict="healthy", expected_kind=None, ep=2),
+    # PP 1: no pipeline to evict, the TP group goes.
+    Scenario("tp2dp4ep2_two_compute_hangs", 2, 1, 4, "compute_hang", 2, expected_kind="tp", also=(5,), ep=2),
+    Scenario("tp2dp4ep2_die", 2, 1, 4, "die", 6, expected_kind="tp", ep=2),
 ]
 
 
@@ -94,6 +109,7 @@ def capture(sc: Scenario, out_root: Path, stuck_s: float, fault_step: int, entri
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(JOB), "--tp", str(sc.tp), "--pp", str(sc.pp), "--dp", str(sc.dp)]
     cmd += ["--fault", sc.fault, "--fault-rank", str(sc.fault_rank), "--fault-step", str(fault_step)]
+    cmd += [arg for r in sc.also for arg in ("--also-fault-rank", str(r))] + ["--ep", str(sc.ep)]
     cmd += ["--workdir", str(work), "--fr-dir", str(fr), "--fr-entries", str(entries)]
     procs: dict[int, subprocess.Popen[bytes]] = {}
     dumped: list[int] = []
@@ -127,6 +143,8 @@ def capture(sc: Scenario, out_root: Path, stuck_s: float, fault_step: int, entri
         "topology": {"tp": sc.tp, "pp": sc.pp, "dp": sc.dp, "ranks_per_machine": 2, "order": "tp-dp-pp"},
         "fault": sc.fault,
         "faulty_rank": sc.fault_rank if sc.fault != "none" else None,
+        **({"faulty_ranks": [sc.fault_rank, *sc.also]} if sc.also else {}),
+        **({"ep": sc.ep} if sc.ep > 1 else {}),
         "fault_step": fault_step,
         "not_dumped": sorted(set(range(world)) - set(dumped)),
         "dumped_at_ns": dumped_at,
@@ -150,14 +168,18 @@ def _torch_version() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "flight_recorder")
+    ap.add_argument("--out", type=Path, help="default: tests/fixtures/flight_recorder[_megatron]")
+    ap.add_argument("--set", choices=("basic", "megatron"), default="basic", help="which scenarios")
     ap.add_argument("--only", action="append", help="scenario name (repeatable); default: all")
     # Longer than the analysis' min_stuck_s (3 s): a dump must show the wait for what it is.
     ap.add_argument("--stuck-s", type=float, default=6.0)
     ap.add_argument("--fault-step", type=int, default=3)
     ap.add_argument("--entries", type=int, default=200, help="Flight Recorder buffer (ring) size per rank")
     args = ap.parse_args()
-    chosen = [s for s in SCENARIOS if not args.only or s.name in args.only]
+    scenarios = MEGATRON if args.set == "megatron" else SCENARIOS
+    suffix = "_megatron" if args.set == "megatron" else ""
+    args.out = args.out or ROOT / "tests" / "fixtures" / f"flight_recorder{suffix}"
+    chosen = [s for s in scenarios if not args.only or s.name in args.only]
     unknown = set(args.only or []) - {s.name for s in chosen}
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")

@@ -22,7 +22,9 @@ forward send to the next stage is skipped), ``slow_rank`` (the rank's forward co
 ``skip_allreduce`` (the rank leaves out its DP gradient all-reduce: a collective the others wait in),
 ``mismatch_allreduce`` (its DP all-reduce has a different size), ``die`` (the process exits),
 ``stop_in_allreduce`` (the rank marks ``stopped_rank<R>`` and stops itself with SIGSTOP on the way
-into its DP all-reduce: a process frozen inside a collective).
+into its DP all-reduce: a process frozen inside a collective).  ``--also-fault-rank R`` (repeatable)
+gives more ranks the same fault at the same step; ``--ep N`` adds expert-parallel groups (each DP
+group split into runs of N) with one all-reduce per step in them, Megatron's MoE token exchange.
 
 ``--fr-dir DIR`` turns PyTorch's Flight Recorder on (``TORCH_FR_BUFFER_SIZE``) and starts a thread
 that, once ``DIR/dump-now`` exists, writes the rank's dump in both of PyTorch's formats:
@@ -80,6 +82,22 @@ def build_groups(t: Topo) -> dict[str, Any]:
                 group = dist.new_group(ranks)
                 if dist.get_rank() in ranks:
                     mine[kind] = group
+    return mine
+
+
+def build_expert_groups(t: Topo, ep: int) -> Any:
+    """Expert-parallel groups of ``ep`` ranks: each DP group split into runs of ``ep`` consecutive
+    data-parallel ranks (same TP index and stage), as Megatron carves expert parallelism out of
+    data parallelism.  None of them is a TP, PP or DP group: the analysis must learn them from the
+    dumps.  Every rank creates every group, in order; returns this rank's."""
+    mine = None
+    for pp_i in range(t.pp):
+        for tp_i in range(t.tp):
+            for start in range(0, t.dp, ep):
+                ranks = [t.rank(tp_i, d, pp_i) for d in range(start, start + ep)]
+                group = dist.new_group(ranks)
+                if dist.get_rank() in ranks:
+                    mine = group
     return mine
 
 
@@ -150,7 +168,8 @@ class Stage:
 
     def faulty(self, step: int, kind: str) -> bool:
         a = self.args
-        return a.fault == kind and dist.get_rank() == a.fault_rank and step >= a.fault_step
+        ranks = {a.fault_rank, *a.also_fault_rank}  # several faulty ranks: the same fault at once
+        return a.fault == kind and dist.get_rank() in ranks and step >= a.fault_step
 
     def forward_step(self, x: torch.Tensor, step: int) -> torch.Tensor:
         x = _CopyToTensorParallelRegion.apply(x, self.groups["tp"])
@@ -161,7 +180,16 @@ class Stage:
         if seconds > 0:
             dense_compute(y, seconds)
         y = reduce_from_tensor_model_parallel_region(y, self.groups["tp"])
+        if self.groups.get("ep") is not None:
+            moe_token_dispatch(y, self.groups["ep"])
         return torch.tanh(y)
+
+
+def moe_token_dispatch(y: torch.Tensor, group: Any) -> None:
+    # Stands in for a MoE layer's token exchange: one collective per step in the expert group
+    # (an all-reduce: gloo's all_to_all on CPU is not in every build), off the autograd graph.
+    tokens = y.detach().clone()
+    dist.all_reduce(tokens, group=group)
 
 
 def spin_compute(y: torch.Tensor) -> None:
@@ -259,7 +287,12 @@ def main() -> None:
     p.add_argument("--dp", type=int, required=True)
     p.add_argument("--fault", default="none")
     p.add_argument("--fault-rank", type=int, default=-1)
+    p.add_argument("--also-fault-rank", type=int, action="append", default=[],
+                   help="another rank with the same fault at the same step (repeatable)")  # fmt: skip
     p.add_argument("--fault-step", type=int, default=3)
+    p.add_argument(
+        "--ep", type=int, default=1, help="expert-parallel group size (> 1: one collective per step)"
+    )
     p.add_argument("--compute-s", type=float, default=0.0, help="forward compute per step, every rank")
     p.add_argument("--slow-factor", type=float, default=3.0, help="slow_rank: compute takes this much longer")
     p.add_argument("--step-sleep", type=float, default=0.05)
@@ -277,6 +310,8 @@ def main() -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     t = Topo(args.tp, args.pp, args.dp, rank)
     groups = build_groups(t)
+    if args.ep > 1:
+        groups["ep"] = build_expert_groups(t, args.ep)
     stage = Stage(args, t, groups)
     work = Path(args.workdir)
 

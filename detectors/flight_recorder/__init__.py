@@ -9,6 +9,8 @@ from trainguard.detectors.flight_recorder.analysis import (
     Mismatch,
     StuckCollective,
     analyze_dumps,
+    dump_time_ns,
+    untimed_config,
 )
 from trainguard.detectors.flight_recorder.events import dump_to_event, event_to_dump
 from trainguard.detectors.flight_recorder.load import (
@@ -31,8 +33,10 @@ __all__ = [
     "RankDump",
     "StuckCollective",
     "analyze_dumps",
+    "dump_time_ns",
     "dump_to_event",
     "event_to_dump",
     "load_dump_dir",
     "parse_dump",
+    "untimed_config",
 ]

@@ -19,8 +19,12 @@ see -- gloo records no point-to-point operations): ByteRobust's root; of several
 waiting ranks reach.  When the graph closes into a cycle instead (a rank that skipped a
 collective ran ahead and waits in the next one for ranks that wait for it), the missing ranks of
 the first stuck collective are the suspects.  When every rank
-entered the first stuck collective and none is missing, the group itself is suspect (a link, or a
-rank failing inside the collective).  Ranks that entered one sequence number of a group with a
+entered the first stuck collective and none is missing, the ranks whose entry never *started*
+while other members' did (NCCL marks a running kernel "started"; gloo never does) are *slow*, busy
+before it, and the suspects; when none is behind, there is no culprit rank: the group itself is
+suspect as a whole (a link, or a rank failing inside the collective) -- *missing* (never entered),
+*slow* (entered, not started) and *stuck* (started, never completed) are told apart.  Ranks that
+entered one sequence number of a group with a
 different op or sizes are a mismatch; the ranks in the minority are the suspects.  What is
 evicted for the suspects follows the stack analysis's rule
 (:func:`~trainguard.detectors.eviction.choose_eviction`): their parallel group, unless it spans
@@ -32,6 +36,7 @@ Pure: dumps in, a :class:`FlightRecorderResult` out.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +109,9 @@ class StuckCollective:
     undumped: tuple[int, ...]  # members without a dump
     waited_s: float  # the longest wait in it before a dump
     first_entered_ns: int
+    #: entered it but never started it while others did: *slow* (its device still busy before it;
+    #: NCCL marks an entry "started" when its kernel runs, gloo never does, so gloo has none)
+    slow: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +124,7 @@ class StuckCollective:
             "waiting": list(self.waiting),
             "missing": list(self.missing),
             "undumped": list(self.undumped),
+            "slow": list(self.slow),
             "waited_s": round(self.waited_s, 3),
         }
 
@@ -187,22 +196,48 @@ class FlightRecorderResult:
 
 
 def _members(
-    name: str, seen: set[int], dumps: Mapping[int, RankDump], topology: JobTopology
+    name: str,
+    seen: set[int],
+    dumps: Mapping[int, RankDump],
+    topology: JobTopology,
+    seen_by: Mapping[str, set[int]],
 ) -> tuple[int, ...]:
     """A group's global ranks: ``pg_config``'s list; else the smallest parallel group (of a
     dimension larger than 1, or the whole job) holding every rank seen in it -- for one rank seen,
-    the one whose other members all lack a dump (the entries cannot show them); else the ranks seen."""
+    the one whose other members all lack a dump (the entries cannot show them); the ranks seen
+    when that group's other dumped ranks all recorded sibling groups in it (a group the command
+    line does not describe); else the ranks seen."""
     for d in dumps.values():
         g = d.groups.get(name)
         if g is not None and g.ranks:
             return g.ranks
-    candidates = [tuple(range(topology.world_size))]
+    candidates: list[tuple[int, ...]] = [tuple(range(topology.world_size))]
     for kind in DIMS:
         if topology.size(kind) > 1:
             candidates += [tuple(g) for g in topology.groups(kind)]
     fits = [g for g in candidates if seen <= set(g)]
     if len(seen) == 1:  # any of the rank's groups holds it: only one whose peers wrote no dump fits
         fits = [g for g in fits if all(r not in dumps for r in set(g) - seen)]
+    elif fits:
+        # The group may be a part of the smallest candidate, not all of it: an expert-parallel
+        # group, a TP group of 4 under --tp 8.  So it is when the candidate's other dumped ranks
+        # all recorded *sibling* groups (listless too, inside the candidate, disjoint from this
+        # one): they have a group of their own there, they are not missing from this one.  A
+        # dumped rank with no such group (it hung before its first collective in the buffer) is
+        # still a member, missing.
+        smallest = min(fits, key=len)
+        best = set(smallest)
+        others = {r for r in best - seen if r in dumps}
+        # A sibling of one rank proves nothing: a job with a dimension of size 1 (tp 1) records
+        # collectives in one-rank groups, which sit inside every group of their rank.
+        siblings = {
+            r
+            for n, s in seen_by.items()
+            if n != name and len(s) > 1 and s <= best and not s & seen
+            for r in s
+        }
+        if others and others <= siblings:
+            return tuple(sorted(seen))
     return min(fits, key=len) if fits else tuple(sorted(seen))
 
 
@@ -219,6 +254,27 @@ def _signature(e: Entry) -> str:
     if any(k in e.op for k in _UNEVEN):
         return e.op
     return f"{e.op} {[list(s) for s in e.input_sizes]}"
+
+
+def dump_time_ns(dumps: Mapping[int, RankDump]) -> int | None:
+    """When a capture was taken, read from the dumps themselves: the newest time any entry of any
+    rank carries (``time_created_ns``, ``time_discovered_started_ns``,
+    ``time_discovered_completed_ns``); ``None`` when no entry has a time.
+
+    PyTorch writes no dump time, and a file's mtime says when it was last copied, not dumped (the
+    issue's "none completed it in 37,181,420 s").  The newest entry is a *lower bound*: in a hang
+    every rank stops recording at about the same moment, so a wait measured against it is a
+    lower bound too, often near zero -- see :func:`untimed_config`."""
+    newest = max((d.newest_ns() for d in dumps.values()), default=0)
+    return newest or None
+
+
+def untimed_config(config: FlightRecorderConfig) -> FlightRecorderConfig:
+    """``config`` for dumps timed by :func:`dump_time_ns` only: a wait cannot be measured against a
+    lower bound of the dump time, so any collective entered and not completed counts as stuck
+    (``min_stuck_s`` 0), as PyTorch's own analyzer (``fr_trace``) judges a dump: taken because
+    the job hung (the watchdog's timeout dump), not as a live snapshot."""
+    return dataclasses.replace(config, min_stuck_s=0.0)
 
 
 def analyze_dumps(
@@ -251,9 +307,10 @@ def analyze_dumps(
     names = sorted({g for per in coll.values() for g in per}, key=lambda n: (len(n), n))
     groups, stuck, mismatches = [], [], []
     members_of: dict[str, tuple[int, ...]] = {}
+    seen_by = {name: {r for r in coll if name in coll[r]} for name in names}
     for name in names:
-        seen = {r for r in coll if name in coll[r]}
-        members = members_of[name] = _members(name, seen, dumps, topology)
+        seen = seen_by[name]
+        members = members_of[name] = _members(name, seen, dumps, topology, seen_by)
         dumped = [r for r in members if r in coll]
         entered = {r: max(coll[r].get(name, {}), default=0) for r in dumped}
         completed = {
@@ -344,9 +401,18 @@ def _hang(
             reason = f"{_name(first)}: ranks {list(first.waiting)} waited {first.waited_s:.1f}s in it, "
             reason += f"on ranks {list(first.undumped)} that wrote no dump"
             return _result("hang", reason, (), (), topology, cfg, base)
+        if first.slow:  # NCCL: some members' kernels ran, the slow ones' never started
+            started = sorted(set(first.entered) - set(first.slow))
+            reason = (
+                f"{_name(first)}: ranks {list(first.slow)} entered it but never started it (slow: "
+                f"busy before it), while {started} started it and waited {first.waited_s:.1f}s for them"
+            )
+            return _result("hang", reason, (), first.slow, topology, cfg, base)
+        # No member is missing or behind: no rank is the culprit, the group is suspect as a whole.
         reason = (
-            f"{_name(first)}: every rank entered it and none completed it in {first.waited_s:.1f}s "
-            "(a link, or a rank failing inside the collective)"
+            f"stuck collective in group {first.desc or first.group}, no culprit rank: {_name(first)}: "
+            f"every rank entered it and none completed it in {first.waited_s:.1f}s "
+            "(a link, or a rank failing inside the collective: the group is suspect as a whole)"
         )
         return _result("hang", reason, (), first.waiting, topology, cfg, base)
     roots = sorted(r for r in _reachable(edges, starts) if not edges.get(r))
@@ -404,6 +470,10 @@ def _stuck(
         if longest < cfg.min_stuck_s:
             continue
         entered = {r for r in dumped if seq in coll[r].get(name, {})}
+        states = {r: e.state for r, e in pending[seq]}
+        slow = (
+            sorted(r for r, st in states.items() if st == "scheduled") if "started" in states.values() else []
+        )
         return StuckCollective(
             group=name,
             desc=desc,
@@ -416,6 +486,7 @@ def _stuck(
             undumped=tuple(r for r in members if r not in coll),
             waited_s=longest,
             first_entered_ns=min(e.created_ns for _, e in pending[seq]),
+            slow=tuple(slow),
         )
     return None
 

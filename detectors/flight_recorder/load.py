@@ -214,6 +214,12 @@ class Entry:
     completed_ns: int | None
     frames: tuple[str, ...] = ()  # innermost first: "function (file:line)"
     retired: bool = False  # gone from the process group's list of work in flight
+    started_ns: int | None = None  # time_discovered_started_ns (NCCL; gloo leaves it 0)
+
+    @property
+    def newest_ns(self) -> int:
+        """The latest time this entry carries (created, seen started, seen completed): 0 if none."""
+        return max(self.created_ns, self.started_ns or 0, self.completed_ns or 0)
 
     @property
     def completed(self) -> bool:
@@ -230,6 +236,11 @@ class RankDump:
     groups: Mapping[str, Group]
     entries: tuple[Entry, ...]  # in record order
     source: str  # the file it came from
+
+    def newest_ns(self) -> int:
+        """The latest time any entry of this dump carries (0: none): a lower bound of when it was
+        taken.  PyTorch writes no dump time of its own, and a file's mtime is lost by a copy."""
+        return max((e.newest_ns for e in self.entries), default=0)
 
 
 _TRAILING_RANK = re.compile(r"^(.*?)(\d+)$")
@@ -278,6 +289,7 @@ def _entry(raw: Any, frames: int) -> Entry:
     if state not in STATES:
         raise FlightRecorderError(f"entry state {state!r} is not one of {STATES}")
     completed = raw.get("time_discovered_completed_ns")
+    started = raw.get("time_discovered_started_ns")
     return Entry(
         record_id=int(raw.get("record_id", 0)),
         group=group,
@@ -291,6 +303,7 @@ def _entry(raw: Any, frames: int) -> Entry:
         completed_ns=int(completed) if isinstance(completed, int) and completed else None,
         frames=_frames(raw.get("frames"), frames),
         retired=raw.get("retired") is True,
+        started_ns=int(started) if isinstance(started, int) and started else None,
     )
 
 

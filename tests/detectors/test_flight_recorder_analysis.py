@@ -166,3 +166,31 @@ def test_a_tied_mismatch_suspects_every_rank_in_it() -> None:
 def test_the_eviction_preference_is_checked_like_the_stack_analysis() -> None:
     with pytest.raises(ValueError, match="unknown kind"):
         FlightRecorderConfig(evict_preference=("pp", "ep"))
+
+
+def test_a_listless_group_inside_a_dp_group_with_a_sibling_is_its_own_ranks() -> None:
+    """Issue #41: expert-parallel groups on gloo (whose pg_config lists no ranks).  EP groups "E0"
+    [0, 2] and "E1" [4, 6] split the DP group [0, 2, 4, 6]; rank 2 never enters E0 #2.  Ranks 4 and
+    6 are in E1, not missing from E0: rank 2 alone is."""
+    topo = JobTopology(job="j", tp=2, pp=1, dp=4, ranks_per_machine=2)
+    per = {r: [e("T", 1)] for r in range(8)}
+    for r in (0, 2):
+        per[r] = per[r] + [e("E0", 1)]
+    for r in (4, 6):
+        per[r] = per[r] + [e("E1", 1), e("E1", 2)]
+    per[0] = per[0] + [e("E0", 2, "scheduled", age_s=30)]
+    out = _gloo(per, topo)
+    assert out["verdict"] == "hang" and out["suspect_ranks"] == [2] and out["missing_ranks"] == [2]
+    assert out["evidence"]["first_stuck"]["members"] == [0, 2]
+
+
+def test_a_one_rank_group_is_no_sibling_a_rank_that_never_entered_stays_missing() -> None:
+    # tp 1 jobs record collectives in one-rank groups ("S6" of rank 6): that is no expert split of
+    # the DP group [0, 2, 4, 6]; rank 6, hung before its first "A" collective, is still missing.
+    topo = JobTopology(job="j", tp=2, pp=1, dp=4, ranks_per_machine=2)
+    per = {r: [e("T", 1)] for r in range(8)}
+    for r in (0, 2, 4):
+        per[r] = per[r] + [e("A", 1, "scheduled", age_s=30)]
+    per[6] = per[6] + [e("S6", 1)]
+    out = _gloo(per, topo)
+    assert out["suspect_ranks"] == [6] and out["missing_ranks"] == [6]

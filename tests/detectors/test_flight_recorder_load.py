@@ -162,3 +162,24 @@ def test_a_given_prefix_may_end_in_a_digit(tmp_path: Path) -> None:
     for r in (0, 12):
         (tmp_path / f"trace2{r}").write_bytes(pickle.dumps(_dump([])))
     assert sorted(load_dump_dir(tmp_path, prefix="trace2")) == [0, 12]
+
+
+def test_dump_time_is_the_newest_time_any_entry_carries() -> None:
+    """Issue #41: the dump's time comes from its entries (created, seen started, seen completed)."""
+    import json as _json
+
+    from trainguard.detectors.flight_recorder import dump_time_ns, parse_dump
+
+    def raw(seq: int, created: int, started: int, completed: int) -> dict[str, object]:
+        return {"record_id": seq, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+                "profiling_name": "nccl:all_reduce", "state": "completed", "time_created_ns": created,
+                "time_discovered_started_ns": started, "time_discovered_completed_ns": completed}  # fmt: skip
+
+    doc = {"version": "2.10", "pg_config": {}, "entries": [raw(1, 100, 150, 900), raw(2, 950, 0, 0)]}
+    d0 = parse_dump(_json.dumps(doc).encode(), 0)
+    assert d0.entries[0].started_ns == 150 and d0.entries[1].started_ns is None
+    assert d0.newest_ns() == 950
+    doc["entries"] = [raw(1, 100, 1200, 0)]
+    d1 = parse_dump(_json.dumps(doc).encode(), 1)
+    assert dump_time_ns({0: d0, 1: d1}) == 1200  # a started time newer than any creation counts
+    assert dump_time_ns({0: parse_dump(b'{"version": "2.10", "entries": []}', 0)}) is None

@@ -35,3 +35,29 @@ def test_fr_analyze_refuses_a_pickle_that_names_code(tmp_path: Path) -> None:
     (tmp_path / "fr_trace_rank_0").write_bytes(pickle.dumps({"entries": [print], "version": "2.10"}))
     res = CliRunner().invoke(fr, ["analyze", str(tmp_path), *TOPOLOGY])
     assert res.exit_code == 1 and "only plain data is read" in res.output
+
+
+def test_fr_analyze_times_the_dumps_by_their_entries_not_by_file_times(tmp_path: Path) -> None:
+    """Issue #41: a copy's mtime (here: a year later) said "none completed it in 37,181,420 s".
+    Without --dumped-at the dump time is the dumps' newest entry; the verdict stays the recorded one."""
+    import os
+    import shutil
+
+    copy = tmp_path / "dumps"
+    shutil.copytree(CASE / "pickle", copy)
+    manifest = json.loads((CASE / "manifest.json").read_text())
+    later = max(manifest["dumped_at_ns"]["pickle"].values()) + 365 * 86_400 * 10**9
+    for f in copy.iterdir():
+        os.utime(f, ns=(later, later))
+    res = CliRunner().invoke(fr, ["analyze", str(copy), *TOPOLOGY, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["verdict"] == "hang" and out["suspect_ranks"] == [manifest["expected"]["suspect"]]
+    when = out["evidence"]["dump_time"]
+    assert when["from"] == "newest entry"
+    # The newest entry precedes the real dump by the seconds the job hung (6 s of --stuck-s), not a year.
+    lag_s = (max(manifest["dumped_at_ns"]["pickle"].values()) - when["ns"]) / 1e9
+    assert 0 <= lag_s < 30
+    assert all(s["waited_s"] < 30 for s in out["evidence"]["stuck"])
+    text = CliRunner().invoke(fr, ["analyze", str(copy), *TOPOLOGY]).output
+    assert "from the newest entry (a lower bound" in text

@@ -3,13 +3,17 @@
 ``trainguard fr analyze DIR --tp N --pp N --dp N --ranks-per-machine N [--json]`` reads the
 per-rank dumps in DIR (``<prefix><rank>``, PyTorch's pickle or JSON format, as PyTorch writes them
 under ``TORCH_FR_DUMP_TEMP_FILE``) and prints the first collective that did not complete, the
-ranks the others wait for, and the parallel group and machines to evict.  A dump's time is its
-file's modification time (PyTorch writes it once, at the dump): copy dumps with their times kept
-(``cp -p``, ``rsync -t``), or pass ``--dumped-at``.
+ranks the others wait for, and the parallel group and machines to evict.  When the dumps were
+taken is read from the dumps themselves (their newest entry's time, PyTorch's ``time_created_ns``
+and ``time_discovered_*_ns``), never from the files' modification times, which a copy changes.
+That time is a lower bound, so without ``--dumped-at`` every collective entered and not completed
+counts as stuck, as PyTorch's ``fr_trace`` judges a timeout dump; ``--dumped-at`` (Unix seconds)
+measures waits against a known dump time and applies ``min_stuck_s``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -22,7 +26,9 @@ from trainguard.detectors.flight_recorder import (
     FlightRecorderError,
     FlightRecorderResult,
     analyze_dumps,
+    dump_time_ns,
     load_dump_dir,
+    untimed_config,
 )
 from trainguard.schemas.config import ConfigError, load_config, load_yaml_file
 
@@ -41,7 +47,7 @@ def fr() -> None:
 @click.option(
     "--dumped-at",
     type=float,
-    help="When the dumps were taken (Unix seconds) instead of the files' modification times.",
+    help="When the dumps were taken (Unix seconds); default: the dumps' newest entry time.",
 )
 @click.option(
     "--config",
@@ -66,13 +72,23 @@ def analyze(
         topology = shape.topology(directory.name)
         dumps = load_dump_dir(directory, prefix)
         if dumped_at is not None:
-            dump_ns = {r: int(dumped_at * 1e9) for r in dumps}
+            when, timed_by = int(dumped_at * 1e9), "--dumped-at"
         else:
-            dump_ns = {r: Path(d.source).stat().st_mtime_ns for r, d in dumps.items()}
-        result = analyze_dumps(dumps, topology, dump_ns, config)
+            newest = dump_time_ns(dumps)
+            if newest is None:
+                raise click.ClickException(f"{directory}: no entry in the dumps has a time: pass --dumped-at")
+            when, timed_by, config = newest, "newest entry", untimed_config(config)
+        result = analyze_dumps(dumps, topology, {r: when for r in dumps}, config)
     except (FlightRecorderError, ConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(result.to_dict()) if as_json else render(result))
+    if as_json:
+        out = result.to_dict()
+        out["evidence"]["dump_time"] = {"ns": when, "from": timed_by}
+        click.echo(json.dumps(out))
+    else:
+        stamp = dt.datetime.fromtimestamp(when / 1e9, dt.UTC).isoformat(timespec="milliseconds")
+        lower = " (a lower bound: waits are at least what is shown)" if timed_by != "--dumped-at" else ""
+        click.echo(f"{render(result)}\ndump time: {stamp}, from the {timed_by}{lower}")
 
 
 def render(result: FlightRecorderResult) -> str:
