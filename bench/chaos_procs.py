@@ -480,11 +480,17 @@ class TopicReader:
 
         return wait_until(found, timeout_s, "a matching record", interval_s=0)
 
-    def drain(self, settle_s: float = 0.0) -> None:
-        """Read what is there now (and for ``settle_s`` more seconds)."""
+    def drain(self, settle_s: float = 0.0, max_extra_s: float = 30.0) -> None:
+        """Read what is there now (and for ``settle_s`` more seconds), then until a poll comes back
+        empty, but for at most ``max_extra_s`` past ``settle_s``: on a topic that never goes quiet
+        (heartbeats of every exporter left running on a shared chaos stack) "until empty" alone
+        never ended."""
         deadline = time.monotonic() + settle_s
-        while self.poll() or time.monotonic() < deadline:
-            pass
+        while True:
+            got = self.poll()
+            now = time.monotonic()
+            if now >= deadline and (not got or now >= deadline + max_extra_s):
+                return
 
     def events(self, cls: type[T], pred: Callable[[Any], bool] = lambda _e: True) -> list[T]:
         return [s.event for s in self.seen if isinstance(s.event, cls) and pred(s.event)]
