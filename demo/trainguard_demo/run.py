@@ -260,6 +260,13 @@ class Demo:
                 "escalation_window_s": 0.0,
                 "max_restarts": 100,
                 "max_evictions_per_job_hour": 100,
+                # The breaker holds evictions of one cause that reach for most of the job's machines
+                # within a window: a detector gone mad does that in seconds.  The demo injects a new
+                # fault every ~50 s into a 4-machine job, so two real hangs one fault apart (the
+                # checkpoint hang, then the slow rank found by a hang capture) asked for 3 of the 4
+                # machines within 32 s, tripped the default 60 s window and held every recovery
+                # after it for an operator (run 20261128-004714: 9/12).  20 s keeps a storm caught.
+                "breaker": {"window_s": 20.0},
             },
         }
         path = self.dir / "trainguard.yaml"
