@@ -38,6 +38,9 @@ from trainguard.schemas.enums import Verdict
 from trainguard.schemas.topology import Dim, JobTopology
 
 MODES = ("auto", "hang", "fail_slow")
+#: the round causes that are a fail-slow vote: a rank busy while the others wait on it (or
+#: without a dump); collective skew in a moving job is not one (see ``_fail_slow``).
+VOTING_CAUSES = ("busy", "missing")
 
 
 class OverEvictionClassifier:
@@ -132,7 +135,13 @@ class OverEvictionClassifier:
         cfg = self.config
         world = self.topology.world_size
         analyses = [analyze_round(states, self.topology, cfg) for states in rounds]
-        confident = [ra for ra in analyses if ra.confident]
+        # In a job that still moves, a round whose roots are ranks inside collectives (a "stuck"
+        # collective or a p2p cycle caught mid-flight) is skew between dumps taken at different
+        # instants, not a straggler's signature: it casts no vote.  Counting it gave its 2-4
+        # roots a share of the round that pushed a real straggler's vote (rank 4 busy in 3 of
+        # 5 rounds of demo run 20261127-234524) to p = 0.5-1, so no more rounds were asked.
+        voting = [ra.confident and ra.cause in VOTING_CAUSES for ra in analyses]
+        confident = [ra for ra, v in zip(analyses, voting, strict=True) if v]
         root_counts = Counter(r for ra in confident for r in ra.roots)
         flagged = Counter(self.choose_group(ra.roots) for ra in confident)
         votes = tuple(Vote(k, g, c) for (k, g), c in flagged.most_common())
@@ -152,9 +161,9 @@ class OverEvictionClassifier:
                 suspects = tuple(r for r in suspects if r in hint)
             kind, group = self.choose_group(suspects)
             members = set(group)
-            hits = [i for i, ra in enumerate(analyses) if ra.confident and members.intersection(ra.roots)]
+            hits = [i for i, ra in enumerate(analyses) if voting[i] and members.intersection(ra.roots)]
             candidates = len(hint) if agreed else world
-            shares = [len(ra.roots) / world if ra.confident else 0.0 for ra in analyses]
+            shares = [len(ra.roots) / world if voting[i] else 0.0 for i, ra in enumerate(analyses)]
             p_value = chance_p_value(top, shares, candidates)
             alpha = self._alpha_per_test(bool(hint))
             # A straggler is the same rank again and again (real captures show it as the root in
