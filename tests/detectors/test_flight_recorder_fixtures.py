@@ -9,19 +9,14 @@ from typing import Any
 
 import pytest
 
-from trainguard.detectors.flight_recorder import analyze_dumps, load_dump_dir
-from trainguard.schemas.topology import JobTopology
+from tests.detectors.fr_fixtures import analyze_case, cases
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
-CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "manifest.json").exists())
+CASES = cases(FIXTURES)
 
 
 def _analyze(name: str, fmt: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    manifest = json.loads((FIXTURES / name / "manifest.json").read_text())
-    topology = JobTopology(job=name, **manifest["topology"])
-    dumps = load_dump_dir(FIXTURES / name / fmt)
-    dump_ns = {int(r): ns for r, ns in manifest["dumped_at_ns"][fmt].items()}
-    return manifest, analyze_dumps(dumps, topology, dump_ns).to_dict()
+    return analyze_case(FIXTURES, name, fmt)
 
 
 def test_there_are_fixtures_at_8_and_16_ranks() -> None:
