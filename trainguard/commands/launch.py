@@ -45,14 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -326,17 +324,9 @@ def report_exit(link: ExporterLink, event: ProcessExit) -> bool:
 
 def write_ready_file(path: str, body: dict[str, Any]) -> None:
     """``body`` as JSON at ``path``, atomically (a reader never sees half a file)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(body, fh, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from trainguard.agent.endpoint import write_state  # the agent's state file is written alike
+
+    write_state(Path(path), body)
 
 
 def signal_ready(plan: LaunchPlan, pid: int, outcome: SpecOutcome) -> None:
