@@ -69,6 +69,26 @@ ROLE_TOPICS: dict[str, frozenset[str]] = {
     "operator": frozenset(SIGNED_TOPICS),
 }
 PRINCIPALS: tuple[str, ...] = ("worker", "actions", "launcher", "operator")
+#: the command kinds a principal may order, where it may not order every kind: the action
+#: service signs commands only to restart or update the warm node agents (trainguard.agent), not
+#: to change what an exporter samples or captures.
+COMMAND_KINDS: dict[str, frozenset[str]] = {"actions": frozenset({"agent_restart", "agent_code"})}
+
+
+def signer_principal(verifier: Verifier | None, headers: Mapping[Any, Any] | Sequence[Any] | None) -> str:
+    """The principal whose trusted key signed a record already verified ("" when signing is off
+    or the key is not known): what a consumer needs to check what that principal may order."""
+    if verifier is None:
+        return ""
+    kid = _signature_headers(headers).get(H_KID, b"").decode("ascii", "replace")
+    trusted = verifier.trusted.get(kid)
+    return trusted.principal if trusted is not None else ""
+
+
+def may_order(principal: str, kind: str) -> bool:
+    """Whether ``principal`` may order a command of ``kind`` (see :data:`COMMAND_KINDS`)."""
+    allowed = COMMAND_KINDS.get(principal)
+    return allowed is None or kind in allowed
 
 TRUSTED_FILE = "trusted.yaml"
 _SIG_LEN = 64

@@ -25,7 +25,7 @@ from typing import Any
 from trainguard.infra.backoff import Backoff
 from trainguard.infra.bus import EventProducer, authentic, coordinates, decode_record, poisoned
 from trainguard.infra.config import KafkaConfig
-from trainguard.infra.signing import AuthError, Verifier
+from trainguard.infra.signing import AuthError, Verifier, may_order, signer_principal
 from trainguard.schemas.base import now_ms
 from trainguard.schemas.control import Command, DeadLetter
 from trainguard.schemas.telemetry import SourceHealth
@@ -243,6 +243,9 @@ class CommandListener:
         if not isinstance(cmd, Command):
             self._fail(f"not a command at {coordinates(rec)}: {cmd.TYPE}", error=True)
             return
+        principal = signer_principal(self.verifier, getattr(rec, "headers", None))
+        if principal and not may_order(principal, cmd.kind.value):
+            raise AuthError(f"key of principal {principal} may not order a {cmd.kind.value} command")
         why = skip_reason(cmd, self.node, self.job, now_ms(), self.cfg.max_age_s)
         if why:
             log.debug("command %s skipped: %s", cmd.command_id, why)

@@ -447,3 +447,18 @@ def test_an_unsigned_detection_is_refused_and_action_events_outlive_the_act_life
     verifier = Verifier(trusted, SigningConfig())
     with pytest.raises(AuthError, match="unsigned record"):
         verifier.verify(topics.DETECTIONS.name, b"job", b"{}", None, 1_000)
+
+
+def test_the_action_service_key_orders_only_the_agents_restarts() -> None:
+    """The actions key may sign commands for the warm node agents, not an exporter's sampling or
+    captures (a forged SET_INTERVAL under it was obeyed once: chaos forged_control)."""
+    from trainguard.infra.signing import may_order, signer_principal
+
+    assert may_order("actions", "agent_restart") and may_order("actions", "agent_code")
+    assert not may_order("actions", "set_interval") and not may_order("actions", "capture_stacks")
+    assert may_order("operator", "set_interval") and may_order("worker", "capture_stacks")
+    key = Ed25519PrivateKey.generate()
+    v = Verifier({"k1": TrustedKey(key.public_key(), "actions", "k1")}, CFG)
+    assert signer_principal(v, [("tg-kid", b"k1")]) == "actions"
+    assert signer_principal(v, [("tg-kid", b"other")]) == ""
+    assert signer_principal(None, [("tg-kid", b"k1")]) == ""
