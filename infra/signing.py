@@ -90,6 +90,7 @@ def may_order(principal: str, kind: str) -> bool:
     allowed = COMMAND_KINDS.get(principal)
     return allowed is None or kind in allowed
 
+
 TRUSTED_FILE = "trusted.yaml"
 _SIG_LEN = 64
 _PUB_LEN = 32
