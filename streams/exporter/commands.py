@@ -245,7 +245,8 @@ class CommandListener:
             return
         principal = signer_principal(self.verifier, getattr(rec, "headers", None))
         if principal and not may_order(principal, cmd.kind.value):
-            raise AuthError(f"not authentic: key of principal {principal} may not order a {cmd.kind.value} command")
+            why = f"key of principal {principal} may not order a {cmd.kind.value} command"
+            raise AuthError(f"not authentic: {why}")
         why = skip_reason(cmd, self.node, self.job, now_ms(), self.cfg.max_age_s)
         if why:
             log.debug("command %s skipped: %s", cmd.command_id, why)
