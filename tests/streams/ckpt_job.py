@@ -72,5 +72,14 @@ def start_job(root: Path, layout: dict[str, Any], **cfg: Any) -> list[Rank]:
     return ranks
 
 
+def train_steps(ranks: list[Rank], last: int) -> None:
+    """Steps 1..``last`` on every rank, each step's backups sent before the next (none superseded)."""
+    for step in range(1, last + 1):
+        for r in ranks:
+            r.train(step)
+        for r in ranks:
+            assert r.ckpt.flush(10)
+
+
 def params(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.streams.ckpt_job import job_key as job_key  # autouse: the ranks hold the job's key
-from tests.streams.ckpt_job import make_rank, params, start_job
+from tests.streams.ckpt_job import make_rank, params, start_job, train_steps
 from trainguard.schemas.config import ConfigError, load_config
 from trainguard.training import CheckpointConfig
 
@@ -23,11 +23,7 @@ LAYOUT = {"tp": 2, "dp": 2, "ranks_per_machine": 1}
 def test_every_step_shard_and_cross_group_backup(tmp_path: Path) -> None:
     ranks = start_job(tmp_path, LAYOUT)
     try:
-        for step in range(1, 5):
-            for r in ranks:
-                r.train(step)
-            for r in ranks:  # every backup sent before the next step, so none is superseded
-                assert r.ckpt.flush(10)
+        train_steps(ranks, 4)
         for r in ranks:
             assert r.ckpt.flush(10)
         for r in ranks:
@@ -50,11 +46,7 @@ def test_every_step_shard_and_cross_group_backup(tmp_path: Path) -> None:
 def test_restore_in_place_and_on_a_replacement_from_the_peer(tmp_path: Path) -> None:
     ranks = start_job(tmp_path, LAYOUT)
     try:
-        for step in range(1, 4):
-            for r in ranks:
-                r.train(step)
-            for r in ranks:  # every backup sent before the next step, so none is superseded
-                assert r.ckpt.flush(10)
+        train_steps(ranks, 3)
         for r in ranks:
             r.ckpt.flush(10)
         saved = {r.rank: (params(r.model), r.opt.state_dict()["state"][0]["exp_avg"].clone()) for r in ranks}
@@ -94,11 +86,7 @@ def test_restore_in_place_and_on_a_replacement_from_the_peer(tmp_path: Path) -> 
 def test_corrupt_backup_of_an_evicted_rank_falls_back_to_an_older_step(tmp_path: Path) -> None:
     ranks = start_job(tmp_path, LAYOUT, keep=3)
     try:
-        for step in range(1, 4):
-            for r in ranks:
-                r.train(step)
-            for r in ranks:  # every backup sent before the next step, so none is superseded
-                assert r.ckpt.flush(10)
+        train_steps(ranks, 3)
         for r in ranks:
             r.ckpt.flush(10)
         ranks[1].ckpt.close()
