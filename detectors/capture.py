@@ -65,6 +65,13 @@ class AggregationConfig:
     fail_slow_interval_s: float = field(default=10.0, metadata=bounds(0.1, 600))
     #: a new capture for the same job waits at least this long after the previous one.
     cooldown_s: float = field(default=60.0, metadata=bounds(0, 86_400))
+    #: a hang's capture is judged once the worker has read the steps up to the moment it is
+    #: judged for (a lagging worker would take steps it has not read yet for a hang), but no
+    #: longer than this after that moment.
+    max_judge_lag_s: float = field(default=30.0, metadata=bounds(0, 3600))
+    #: a hang refused a capture (the cooldown, another capture open) is asked again when one may
+    #: start, if the job has taken no step since; forgotten after this long.
+    defer_hang_s: float = field(default=180.0, metadata=bounds(0, 86_400))
     #: the over-eviction classifier's thresholds (the fail-slow vote's significance, how many
     #: more rounds a close vote takes, the eviction preference).
     over_eviction: OverEvictionConfig = field(default_factory=OverEvictionConfig)
@@ -584,16 +591,35 @@ class Captures:
         waiting = any(r >= first for r, _ in answers.outstanding)
         return mains >= (cap.rounds - first) * cap.topology.world_size and not waiting
 
-    def due(self, now_ms: int) -> list[Capture]:
+    def due(self, now_ms: int, stream_now_ms: int | None = None) -> list[Capture]:
         """Remove and return the captures ready for analysis (complete or past their deadline);
-        each must come back through :meth:`extend` once analysed."""
-        ready = [cid for cid, cap in self.pending.items() if cap.ready(now_ms)]
+        each must come back through :meth:`extend` once analysed.  ``stream_now_ms``: how far the
+        worker has read the steps (:class:`~trainguard.detectors.windows.StreamClock`); a hang's
+        capture waits for it (:meth:`caught_up`)."""
+        ready = [
+            cid
+            for cid, cap in self.pending.items()
+            if cap.ready(now_ms) and self.caught_up(cap, now_ms, stream_now_ms)
+        ]
         for cid in ready:
             self._answers.pop(cid, None)
         out = [self.pending.pop(cid) for cid in ready]
         for cap in out:
             self.analysing[cap.job] = now_ms
         return out
+
+    def caught_up(self, cap: Capture, now_ms: int, stream_now_ms: int | None) -> bool:
+        """Whether the steps have been read far enough to judge ``cap``: a hang's capture is moot
+        if the job stepped after it was asked for, and a step not read yet cannot say so.  Measured
+        in a demo run: a worker 8 s behind its input on an overloaded host judged a job that
+        stepped twice a second hung, and evicted a healthy group.  Waits ``max_judge_lag_s`` at
+        most (a worker that never catches up must still answer a real hang)."""
+        if stream_now_ms is None or cap.stalled_since_ms is None:
+            return True
+        judged_for = max(cap.requested_ms, cap.not_before_ms)
+        if stream_now_ms >= judged_for:
+            return True
+        return now_ms - judged_for >= self.config.max_judge_lag_s * 1000
 
 
 class _Answers:

@@ -44,6 +44,7 @@ from trainguard.detectors.job_monitor import JobMonitor, MonitorConfig
 from trainguard.detectors.node_anomaly import NodeAnomalyScorer
 from trainguard.detectors.node_inspector import HostThresholds, NodeInspector
 from trainguard.detectors.stopped_job import RecoveryStatus
+from trainguard.detectors.windows import StreamClock
 from trainguard.schemas.base import Event
 from trainguard.schemas.control import ActionEvent, ActionPhase, Command, Decision, Detection, JobSpec
 from trainguard.schemas.enums import Action
@@ -147,6 +148,12 @@ class DetectionPath:
         self.recoveries: dict[str, RecoveryStatus] = {}
         self.policy = DecisionPolicy(config.decide)
         self.captures = Captures(config.aggregation)
+        #: how far the worker has read the training stage's input: stall checks and the judging
+        #: of hang captures go by it (a worker that lags must not take unread steps for a hang).
+        self.stream_clock = StreamClock(idle_s=1.0)
+        #: job -> a hang decision refused a capture, asked again by :meth:`deferred_captures`
+        #: (not state: a restarted worker's stall check reports a hang that lasts again).
+        self.deferred: dict[str, Decision] = {}
 
     def reconfigure(self, config: PathSettings) -> None:
         """Apply changed thresholds to every live detector (their state is kept)."""
@@ -231,10 +238,37 @@ class DetectionPath:
     def wants_capture(self, dec: Decision, now_ms: int) -> bool:
         """Whether ``dec`` opens a stack capture now: an ``aggregate`` decision, none pending for its
         job and the cooldown over.  If so, look up the job's topology and :meth:`start_capture`."""
+        if dec.action is not Action.AGGREGATE:
+            return False
         detection = dec.evidence.get("detection") if isinstance(dec.evidence, dict) else None
         category = detection.get("category", "") if isinstance(detection, dict) else ""
         hang = category not in FAIL_SLOW_CATEGORIES
-        return dec.action is Action.AGGREGATE and self.captures.wants(dec.job, now_ms, hang=hang)
+        if self.captures.wants(dec.job, now_ms, hang=hang):
+            self.deferred.pop(dec.job, None)
+            return True
+        if hang:
+            # Refused (the cooldown after a capture of a stall that cleared, another capture
+            # open): a hang reported once would otherwise never be captured.  Measured in a demo
+            # run: a hang reported 1 s before the cooldown ended waited for the stopped-job check
+            # (61 s) instead.
+            self.deferred[dec.job] = dec
+        return False
+
+    def deferred_captures(self, now_ms: int) -> list[Decision]:
+        """The hang decisions refused a capture that may start one now (the aggregation timer):
+        those whose job has taken no step since they were decided.  A job that stepped since
+        was not hung; a decision older than ``defer_hang_s`` is forgotten."""
+        out: list[Decision] = []
+        limit_ms = self.config.aggregation.defer_hang_s * 1000
+        for job, dec in list(self.deferred.items()):
+            monitor = self.monitors.get(job)
+            stepped = monitor is not None and monitor.last_step_ts_ms > dec.ts_ms
+            if stepped or now_ms - dec.ts_ms > limit_ms:
+                del self.deferred[job]
+            elif self.captures.wants(job, now_ms, hang=True):
+                del self.deferred[job]
+                out.append(dec)
+        return out
 
     def start_capture(self, dec: Decision, topology: JobTopology | None, now_ms: int) -> list[Event]:
         """Open the capture ``dec`` asks for: one ``capture_stacks`` command per machine of the job,
@@ -282,9 +316,10 @@ class DetectionPath:
         cap = self.captures.pending.get(capture_id)
         return max(0, cap.not_before_ms - now_ms) if cap is not None else 0
 
-    def due_captures(self, now_ms: int) -> list[Capture]:
-        """The aggregation timer: the captures ready for :meth:`analyze` (complete or past deadline)."""
-        return self.captures.due(now_ms)
+    def due_captures(self, now_ms: int, stream_now_ms: int | None = None) -> list[Capture]:
+        """The aggregation timer: the captures ready for :meth:`analyze` (complete or past deadline;
+        a hang's once the steps are read up to it, see :meth:`Captures.caught_up`)."""
+        return self.captures.due(now_ms, stream_now_ms)
 
     def moot_capture(self, cap: Capture, now_ms: int) -> Detection | None:
         """A healthy verdict for a hang's capture if the job took a step *after the capture was

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 
 class WindowCounter:
@@ -132,12 +132,22 @@ class StreamClock:
     4200
     >>> c.now(11_500)                      # nothing new for 1.5 s: caught up, wall clock again
     11500
+
+    Nothing arriving is not the same as nothing to read: a worker whose event loop is blocked
+    for seconds (an overloaded host) reads nothing while its input waits.  ``backlog``, when
+    given, says whether records are waiting unread (the consumer's high watermark is past what
+    was processed); while they are, now is the newest event read, whatever the idle time.
+
+    >>> c.backlog = lambda: True
+    >>> c.now(11_500)                      # 1.5 s without a read, but records are waiting
+    4000
     """
 
-    def __init__(self, idle_s: float = 1.0) -> None:
+    def __init__(self, idle_s: float = 1.0, backlog: Callable[[], bool] | None = None) -> None:
         self.idle_ms = int(idle_s * 1000)
         self.newest_event_ms: int | None = None
         self.last_arrival_ms: int | None = None
+        self.backlog = backlog
 
     def observe(self, event_ms: int, arrived_ms: int) -> None:
         if self.newest_event_ms is None or event_ms > self.newest_event_ms:
@@ -147,6 +157,8 @@ class StreamClock:
     def now(self, wall_ms: int) -> int:
         if self.newest_event_ms is None or self.last_arrival_ms is None:
             return wall_ms
+        if self.backlog is not None and self.backlog():
+            return min(wall_ms, self.newest_event_ms)
         if wall_ms - self.last_arrival_ms > self.idle_ms:
             return wall_ms
         # Never ahead of the wall clock (a producer with a fast clock must not age the others).

@@ -187,8 +187,9 @@ class RejectedRecord(ValueError):
 
 def trace_of(exc: BaseException) -> BaseException | None:
     """What to pass as ``exc_info`` when logging a failed record: the traceback, unless the
-    record was rejected on purpose (:class:`RejectedRecord`, the decoder's :class:`DecodeError`)."""
-    return None if isinstance(exc, RejectedRecord | DecodeError) else exc
+    record was rejected on purpose (:class:`RejectedRecord`, the decoder's :class:`DecodeError`, a
+    signature check's :class:`AuthError`)."""
+    return None if isinstance(exc, RejectedRecord | DecodeError | AuthError) else exc
 
 
 def coordinates(record: Any) -> str:

@@ -39,9 +39,9 @@ def register(
         if state is not None:
             state.touch(NAME, job)
 
-    async def start_capture(dec: Decision) -> None:
+    async def start_capture(dec: Decision, deferred: bool = False) -> None:
         now = now_ms()
-        if not path.wants_capture(dec, now):
+        if not deferred and not path.wants_capture(dec, now):
             return
         spec = await jobs.spec(dec.job)
         out = path.start_capture(dec, spec.topology if spec is not None else None, now)
@@ -51,10 +51,11 @@ def register(
         commands = [c for c in out if isinstance(c, Command)]
         if commands:
             log.info(
-                "capture %s requested from %d machines of %s",
+                "capture %s requested from %d machines of %s%s",
                 commands[0].args.get("capture_id"),
                 len(commands),
                 dec.job,
+                " (a hang refused a capture earlier)" if deferred else "",
             )
 
     async def body(ev: Event) -> None:
@@ -107,7 +108,9 @@ def register(
 
     async def _close_captures() -> None:
         now = now_ms()
-        for cap in path.due_captures(now):
+        for dec in path.deferred_captures(now):
+            await start_capture(dec, deferred=True)
+        for cap in path.due_captures(now, path.stream_clock.now(now)):
             touch(cap.job)
             # A hang the job has stepped past is judged here, not analysed (no eviction).
             moot = path.moot_capture(cap, now)

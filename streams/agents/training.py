@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.detectors.routing import INPUTS, TRAINING, DetectionPath
-from trainguard.detectors.windows import StreamClock
 from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.codec import decode
 from trainguard.schemas.control import ActionEvent
@@ -44,11 +43,43 @@ class Ownership:
         return part is None or (self.ctx.topic_name(STEPS), part) in assigned
 
 
+class StepsBacklog:
+    """Whether step records wait unread on this worker's partitions: the consumer's high
+    watermark (from its last fetch) is past the last offset processed.  Unknown (no fetch yet,
+    nothing processed from a partition yet) counts as no backlog."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.processed: dict[int, int] = {}  # partition -> last offset processed
+
+    def seen(self, partition: int, offset: int) -> None:
+        if offset > self.processed.get(partition, -1):
+            self.processed[partition] = offset
+
+    def __call__(self) -> bool:
+        topic = self.ctx.topic_name(STEPS)
+        try:
+            consumer = self.ctx.app.consumer
+            for tp in consumer.assignment():
+                done = self.processed.get(tp.partition) if tp.topic == topic else None
+                if done is None:
+                    continue
+                high = consumer.highwater(tp)
+                if high is not None and high > done + 1:
+                    return True
+        except Exception:  # consumer not started or rebalancing: no backlog known
+            return False
+        return False
+
+
 def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None = None) -> None:
     ownership = Ownership(ctx)
     store = state.store(NAME) if state else None
-    #: stall checks use the stream's time, so a lagging worker does not see every job stall.
-    clock = StreamClock(idle_s=1.0)
+    #: stall checks use the stream's time, so a lagging worker does not see every job stall; the
+    #: aggregation judges hang captures by it too.
+    backlog = StepsBacklog(ctx)
+    clock = path.stream_clock
+    clock.backlog = backlog
 
     async def body(ev: Event) -> None:
         now = now_ms()
@@ -63,8 +94,10 @@ def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None 
     @ctx.app.agent(ctx.faust_topics(*INPUTS[NAME]), name=NAME)
     async def training(stream: Any) -> None:
         async for event in stream.events():
-            if event.message.topic == ctx.topic_name(STEPS) and isinstance(event.key, bytes):
-                ownership.partition[event.key.decode(errors="replace")] = event.message.partition
+            if event.message.topic == ctx.topic_name(STEPS):
+                backlog.seen(event.message.partition, event.message.offset)
+                if isinstance(event.key, bytes):
+                    ownership.partition[event.key.decode(errors="replace")] = event.message.partition
             await ctx.guard(event, NAME, body, store)
 
     def on_action(raw: bytes | None) -> None:

@@ -202,8 +202,7 @@ class CommandListener:
                     consumer = self._consumer()
                 batches = consumer.poll(timeout_ms=500)
                 if not self.ready.is_set() and consumer.assignment():
-                    for tp in consumer.assignment():
-                        consumer.position(tp)  # resolves "latest" now, before we say ready
+                    self._skip_expired(consumer)  # resolves "latest" too, before we say ready
                     self.ready.set()
                     self.last_ok_ms = now_ms()
                 records = [rec for recs in batches.values() for rec in recs]
@@ -224,6 +223,27 @@ class CommandListener:
                 self._stop.wait(backoff.next_delay())
         if consumer is not None:
             consumer.close()
+
+    def _skip_expired(self, consumer: Any) -> None:
+        """Start no earlier than ``max_age_s`` ago: after an exporter was down for a while its
+        committed offsets lie before commands that are all past their age (each would only be
+        refused), and reading hours of them would delay the ones that count."""
+        parts = list(consumer.assignment())
+        since = now_ms() - int(self.cfg.max_age_s * 1000)
+        try:
+            found = consumer.offsets_for_times({tp: since for tp in parts})
+        except Exception as exc:  # an old broker without timestamps: read them all, each is checked
+            log.info("commands: cannot look up offsets by time (%s): reading from the committed ones", exc)
+            found = {}
+        ends = consumer.end_offsets(parts)
+        for tp in parts:
+            pos = consumer.position(tp)
+            hit = found.get(tp)
+            first_recent = hit.offset if hit is not None else ends[tp]
+            if first_recent > pos:
+                log.info("commands: skipping %d command(s) older than %.0f s on %s", first_recent - pos,
+                         self.cfg.max_age_s, tp)  # fmt: skip
+                consumer.seek(tp, first_recent)
 
     def dispatch(self, rec: Any) -> None:
         """Handle one consumed record; never raises (a failure is dead-lettered, see module doc)."""

@@ -146,3 +146,68 @@ def test_no_early_capture_before_the_first_step_after_a_restart() -> None:
     assert monitor.check(18_500, 18_500, status) == []  # 1.5 s after the restart: no suspicion
     (hang,) = monitor.check(19_050, 19_050, status)
     assert hang.kind == "hang"
+
+
+def test_a_hang_capture_waits_for_the_steps_a_lagging_worker_has_not_read() -> None:
+    """Demo run 20261128-011805: a worker 8 s behind its input judged a job that stepped twice a
+    second hung and evicted a healthy group.  The verdict now waits until the steps are read up
+    to the moment it is judged for (``max_judge_lag_s`` at most)."""
+    path = _path()
+    _train(path, range(1, 41))
+    (suspect,) = _check(path, 17_100)
+    (dec,) = _decide(path, [suspect], 17_100)
+    path.start_capture(dec, TOPO, 17_150)
+    _answer(path, dec, hung_rank=1)
+    # At 18.05 s the worker has read the steps up to 16.5 s only: not judged yet.
+    assert path.due_captures(18_050, stream_now_ms=16_500) == []
+    # The steps it had not read: the job moved on at 17.2 s.  Read, the capture is moot.
+    _train(path, range(41, 43), step_ms=420)
+    (cap,) = path.due_captures(18_300, stream_now_ms=18_100)
+    moot = path.moot_capture(cap, 18_300)
+    assert moot is not None and moot.category == "healthy"
+
+
+def test_a_worker_that_never_catches_up_still_judges_after_max_judge_lag_s() -> None:
+    path = _path()
+    _train(path, range(1, 41))
+    (suspect,) = _check(path, 17_100)
+    (dec,) = _decide(path, [suspect], 17_100)
+    path.start_capture(dec, TOPO, 17_150)
+    _answer(path, dec, hung_rank=1)
+    lag_ms = int(path.captures.config.max_judge_lag_s * 1000)
+    assert path.due_captures(18_000 + lag_ms - 1, stream_now_ms=16_000) == []
+    (cap,) = path.due_captures(18_000 + lag_ms, stream_now_ms=16_000)
+    assert path.analyze(cap, 18_000 + lag_ms).action is Action.EVICT
+
+
+def test_a_hang_refused_by_the_cooldown_is_captured_when_it_ends_if_still_stalled() -> None:
+    """Demo run 20261128-004714: a capture of a step gap 5 s before the hang held the hang's own
+    capture back by the cooldown; the hang was reported once and never captured."""
+    path = _path()
+    cooldown_ms = int(path.captures.config.cooldown_s * 1000)
+    _train(path, range(1, 41))
+    path.captures.last_capture_ms["j"] = 16_000  # a capture just judged (its stall cleared)
+    (suspect,) = _check(path, 17_100)
+    (dec,) = _decide(path, [suspect], 17_100)
+    assert not path.wants_capture(dec, 17_150)
+    assert path.deferred_captures(17_200) == []  # the cooldown still runs
+    assert path.deferred_captures(16_000 + cooldown_ms) == [dec]  # over, no step since: capture
+    assert path.deferred == {}
+    assert len(path.start_capture(dec, TOPO, 16_000 + cooldown_ms)) == 2
+
+
+def test_a_deferred_hang_is_dropped_once_the_job_steps_or_it_grows_old() -> None:
+    path = _path()
+    _train(path, range(1, 41))
+    path.captures.last_capture_ms["j"] = 16_000
+    (suspect,) = _check(path, 17_100)
+    (dec,) = _decide(path, [suspect], 17_100)
+    assert not path.wants_capture(dec, 17_150) and "j" in path.deferred
+    _train(path, range(41, 42), step_ms=430)  # a step at 17.63 s: not hung
+    assert path.deferred_captures(17_700) == [] and path.deferred == {}
+    # Refused again, and then never allowed within defer_hang_s: forgotten.
+    assert not path.wants_capture(dec, 17_750)
+    path.monitors.clear()  # no monitor (its partition moved): only the age drops it
+    old = dec.ts_ms + int(path.captures.config.defer_hang_s * 1000) + 1
+    path.captures.last_capture_ms["j"] = old  # a capture of the job keeps the cooldown running
+    assert path.deferred_captures(old) == [] and path.deferred == {}

@@ -76,10 +76,13 @@ def test_a_command_whose_handling_fails_is_dead_lettered_and_the_next_handled() 
 
 
 class FakeConsumer:
-    """One batch of records, then nothing; commits remembered."""
+    """One batch of records, then nothing; commits and seeks remembered.  ``recent_from``: the
+    first offset whose timestamp is within the listener's ``max_age_s`` (None: no such record)."""
 
-    def __init__(self, records: list[Any]) -> None:
+    def __init__(self, records: list[Any], pos: int = 0, recent_from: int | None = 0, end: int = 2) -> None:
         self.records, self.commits, self.closed = records, 0, False
+        self.pos, self.recent_from, self.end, self.seeks = pos, recent_from, end, []
+        self.asked_since: list[int] = []
 
     def poll(self, timeout_ms: int = 0) -> dict[Any, list[Any]]:
         if self.records:
@@ -92,7 +95,18 @@ class FakeConsumer:
         return {("commands", 1)}
 
     def position(self, tp: Any) -> int:
-        return 0
+        return self.pos
+
+    def offsets_for_times(self, times: dict[Any, int]) -> dict[Any, Any]:
+        self.asked_since += list(times.values())
+        hit = None if self.recent_from is None else SimpleNamespace(offset=self.recent_from, timestamp=0)
+        return {tp: hit for tp in times}
+
+    def end_offsets(self, parts: list[Any]) -> dict[Any, int]:
+        return {tp: self.end for tp in parts}
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.seeks.append(offset)
 
     def commit(self) -> None:
         self.commits += 1
@@ -122,6 +136,37 @@ def test_the_listener_commits_past_a_bad_command_and_reconnects_when_the_broker_
     finally:
         listener.stop()
     assert isinstance(listener._thread, threading.Thread) and not listener._thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("pos", "recent_from", "end", "seeks"),
+    [
+        (3, 40, 50, [40]),  # down for a while: the stale commands are not read
+        (3, None, 50, [50]),  # every command is stale: start at the end
+        (45, 40, 50, []),  # the committed offset is already recent: nothing skipped
+    ],
+)
+def test_a_restarted_listener_starts_at_the_first_command_within_its_max_age(
+    pos: int, recent_from: int | None, end: int, seeks: list[int]
+) -> None:
+    r = Recorder()
+    consumer = FakeConsumer([], pos=pos, recent_from=recent_from, end=end)
+
+    class Listener(CommandListener):
+        def _consumer(self) -> Any:
+            return consumer
+
+    cfg = CommandsConfig()
+    listener = Listener(KafkaConfig(), NODE, "", cfg, r.handle, dead_letter=r.dead.append)
+    before = now_ms()
+    listener.start()
+    try:
+        assert listener.ready.wait(10)
+        assert consumer.seeks == seeks
+        (since,) = consumer.asked_since
+        assert before - cfg.max_age_s * 1000 <= since <= now_ms() - cfg.max_age_s * 1000
+    finally:
+        listener.stop()
 
 
 @pytest.mark.slow

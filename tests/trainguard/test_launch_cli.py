@@ -261,10 +261,12 @@ class ExporterSocket:
 
     def __init__(self, path: Path) -> None:
         self.sock = bind_socket(path)
+        self.poller = select.poll()  # not select(): a long test run holds descriptors past 1024
+        self.poller.register(self.sock, select.POLLIN)
         self.got: list[tuple[Event, Peer]] = []
 
     def drain(self) -> list[tuple[Event, Peer]]:
-        while self.sock.fileno() >= 0 and select.select([self.sock], [], [], 0)[0]:
+        while self.sock.fileno() >= 0 and self.poller.poll(0):
             raw, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM, _ANCBUF)
             peer = peer_of(anc)
             assert peer is not None

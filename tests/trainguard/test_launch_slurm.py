@@ -121,7 +121,7 @@ class Submitted:
     out: Path
 
     def log(self) -> str:
-        return self.out.read_text(errors="replace")[-4000:] if self.out.exists() else "(no batch output yet)"
+        return self.out.read_text(errors="replace") if self.out.exists() else "(no batch output yet)"
 
     def ready_files(self, folder: Path, n: int = 4) -> dict[int, dict[str, Any]]:
         def found() -> dict[int, dict[str, Any]] | None:

@@ -1,6 +1,6 @@
 """The training guide's script (docs/training-api.md) runs as written under torchrun.
 
-The guide's one Python block is extracted and run with 2 ranks (gloo, CPU); a Unix datagram socket
+The guide's first Python block (the whole script) is extracted and run with 2 ranks (gloo, CPU); a Unix datagram socket
 stands where the node exporter's would be, and every rank's steps and its exit must arrive there,
 encoded as the exporter decodes them.
 """
@@ -24,8 +24,10 @@ GUIDE = Path(__file__).resolve().parents[2] / "docs" / "training-api.md"
 
 
 def guide_script() -> str:
-    (block,) = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.S)
-    return str(block)
+    # The first Python block is the script; later blocks (checkpoints) are fragments of it.
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.S)
+    assert blocks, "the guide has no Python block"
+    return str(blocks[0])
 
 
 def test_the_guide_marks_its_lines() -> None:

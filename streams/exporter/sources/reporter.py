@@ -199,10 +199,13 @@ class ReporterSource:
         # The kernel queues few datagrams per socket (net.unix.max_dgram_qlen, 10 on many hosts):
         # drain continuously here, not once per round, or ranks would see EAGAIN and drop steps.
         assert self.sock is not None
+        # poll, not select: select() refuses a descriptor numbered 1024 or more, which a busy
+        # exporter (or a test process) can hold.
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
         while not self._closed.is_set():
             try:
-                ready, _, _ = select.select([self.sock], [], [], 0.2)
-                if not ready:
+                if not poller.poll(200):
                     continue
                 raw, ancdata, _flags, _addr = self.sock.recvmsg(MAX_DATAGRAM, _ANCBUF)
             except (BlockingIOError, InterruptedError):
