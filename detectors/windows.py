@@ -141,10 +141,19 @@ class StreamClock:
     >>> c.backlog = lambda: True
     >>> c.now(11_500)                      # 1.5 s without a read, but records are waiting
     4000
+
+    A backlog that reads nothing for ``backlog_idle_s`` is not believed: a high watermark that
+    never meets the offsets read (a gap the consumer skips) must not hide a real stall for good.
+
+    >>> c.now(20_001)
+    20001
     """
 
-    def __init__(self, idle_s: float = 1.0, backlog: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, idle_s: float = 1.0, backlog: Callable[[], bool] | None = None, backlog_idle_s: float = 10.0
+    ) -> None:
         self.idle_ms = int(idle_s * 1000)
+        self.backlog_idle_ms = int(backlog_idle_s * 1000)
         self.newest_event_ms: int | None = None
         self.last_arrival_ms: int | None = None
         self.backlog = backlog
@@ -157,9 +166,10 @@ class StreamClock:
     def now(self, wall_ms: int) -> int:
         if self.newest_event_ms is None or self.last_arrival_ms is None:
             return wall_ms
-        if self.backlog is not None and self.backlog():
+        idle = wall_ms - self.last_arrival_ms
+        if idle <= self.backlog_idle_ms and self.backlog is not None and self.backlog():
             return min(wall_ms, self.newest_event_ms)
-        if wall_ms - self.last_arrival_ms > self.idle_ms:
+        if idle > self.idle_ms:
             return wall_ms
         # Never ahead of the wall clock (a producer with a fast clock must not age the others).
         return min(wall_ms, self.newest_event_ms + (wall_ms - self.last_arrival_ms))
