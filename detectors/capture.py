@@ -295,6 +295,10 @@ class Capture:
         out["capture_id"] = self.capture_id
         out["missing_ranks"] = {str(r): v for r, v in self.missing().items()}
         out["dumps"] = len(self.dumps)
+        if self.stalled_since_ms is not None:
+            # A hang's capture: a healthy verdict on it ends the stall's incident, as a moot one
+            # does, so the hang reported after it is decided (and captured) anew.
+            out["stalled_since_ms"] = self.stalled_since_ms
         evict = result.verdict is not Verdict.HEALTHY and bool(result.evict_ranks)
         # A hang whose suspects no eviction fits (they are on every machine of the job): restart in
         # place -- replacing every machine is no localisation, and doing nothing leaves it hung.

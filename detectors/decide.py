@@ -136,9 +136,11 @@ class DecisionPolicy:
     def decide(self, d: Detection, now_ms: int, topology: JobTopology | None = None) -> Decision | None:
         if d.action in _RECORD_ONLY:
             if d.kind == "over_eviction" and d.category == "healthy" and d.evidence.get("stalled_since_ms"):
-                # A hang's capture found the job stepping: that stall is over, and the next one is
-                # a new fault, not a repeat to suppress (a false suspicion would otherwise mute a
-                # real hang until the incident's limit).
+                # A hang's capture found the job stepping, or found nothing to evict: either way
+                # the next stall report is decided anew, not merged as a repeat (a false suspicion
+                # would otherwise mute a real hang until the incident's limit).  Measured in demo
+                # run 20261128-042559: a capture judged healthy 6 s into a checkpoint hang muted
+                # the hang reported 3 s later; the job waited 60 s for gloo's timeout.
                 key = self._key(d.job, Action.AGGREGATE, Targets(), "job_hang")
                 if self._incidents.pop(key, None) is not None:
                     self._touched.add(d.job)

@@ -211,3 +211,24 @@ def test_a_deferred_hang_is_dropped_once_the_job_steps_or_it_grows_old() -> None
     old = dec.ts_ms + int(path.captures.config.defer_hang_s * 1000) + 1
     path.captures.last_capture_ms["j"] = old  # a capture of the job keeps the cooldown running
     assert path.deferred_captures(old) == [] and path.deferred == {}
+
+
+def test_a_hang_capture_judged_healthy_lets_the_next_stall_be_decided_anew() -> None:
+    """Demo run 20261128-042559: a capture judged healthy 6 s into a checkpoint hang (the ranks
+    still moving into it) kept the stall's incident open, the hang reported 3 s later was merged
+    into it, and the job waited 60 s for gloo's timeout."""
+    path = _path()
+    _train(path, range(1, 41))
+    (suspect,) = _check(path, 17_100)
+    (dec,) = _decide(path, [suspect], 17_100)
+    path.start_capture(dec, TOPO, 17_150)
+    _answer(path, dec, hung_rank=-1)  # nobody inside a collective: nothing to localise
+    (cap,) = path.due_captures(18_050)
+    assert path.moot_capture(cap, 18_050) is None
+    verdict = path.analyze(cap, 18_050)
+    assert verdict.category == "healthy" and verdict.evidence["stalled_since_ms"] == cap.stalled_since_ms
+    assert _decide(path, [verdict], 18_050) == []  # on record; it ends the stall's incident
+    _train(path, range(41, 42), step_ms=440)  # one more step (17.6 s), then the real hang
+    (again,) = _check(path, 18_700)
+    (dec2,) = _decide(path, [again], 18_700)
+    assert dec2.decision_id != dec.decision_id and dec2.action is Action.AGGREGATE
