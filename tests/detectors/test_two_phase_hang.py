@@ -228,7 +228,7 @@ def test_a_hang_capture_judged_healthy_lets_the_next_stall_be_decided_anew() -> 
     verdict = path.analyze(cap, 18_050)
     assert verdict.category == "healthy" and verdict.evidence["stalled_since_ms"] == cap.stalled_since_ms
     assert _decide(path, [verdict], 18_050) == []  # on record; it ends the stall's incident
-    _train(path, range(41, 42), step_ms=440)  # one more step (17.6 s), then the real hang
-    (again,) = _check(path, 18_700)
-    (dec2,) = _decide(path, [again], 18_700)
+    _train(path, range(41, 42), step_ms=440)  # one more step (18.04 s), then the real hang
+    (again,) = _check(path, 19_100)
+    (dec2,) = _decide(path, [again], 19_100)
     assert dec2.decision_id != dec.decision_id and dec2.action is Action.AGGREGATE
