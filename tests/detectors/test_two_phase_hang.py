@@ -148,16 +148,23 @@ def test_no_early_capture_before_the_first_step_after_a_restart() -> None:
     assert hang.kind == "hang"
 
 
-def test_a_hang_capture_waits_for_the_steps_a_lagging_worker_has_not_read() -> None:
-    """Demo run 20261128-011805: a worker 8 s behind its input judged a job that stepped twice a
-    second hung and evicted a healthy group.  The verdict now waits until the steps are read up
-    to the moment it is judged for (``max_judge_lag_s`` at most)."""
+def _suspected_and_answered(hung_rank: int) -> tuple[DetectionPath, Decision]:
+    """40 steps of 0.4 s, a hang suspicion at 17.1 s, its decision, its capture (asked at 17.15 s)
+    answered by both ranks: ``hung_rank`` inside a collective (-1: neither)."""
     path = _path()
     _train(path, range(1, 41))
     (suspect,) = _check(path, 17_100)
     (dec,) = _decide(path, [suspect], 17_100)
     path.start_capture(dec, TOPO, 17_150)
-    _answer(path, dec, hung_rank=1)
+    _answer(path, dec, hung_rank)
+    return path, dec
+
+
+def test_a_hang_capture_waits_for_the_steps_a_lagging_worker_has_not_read() -> None:
+    """Demo run 20261128-011805: a worker 8 s behind its input judged a job that stepped twice a
+    second hung and evicted a healthy group.  The verdict now waits until the steps are read up
+    to the moment it is judged for (``max_judge_lag_s`` at most)."""
+    path, _ = _suspected_and_answered(hung_rank=1)
     # At 18.05 s the worker has read the steps up to 16.5 s only: not judged yet.
     assert path.due_captures(18_050, stream_now_ms=16_500) == []
     # The steps it had not read: the job moved on at 17.2 s.  Read, the capture is moot.
@@ -168,12 +175,7 @@ def test_a_hang_capture_waits_for_the_steps_a_lagging_worker_has_not_read() -> N
 
 
 def test_a_worker_that_never_catches_up_still_judges_after_max_judge_lag_s() -> None:
-    path = _path()
-    _train(path, range(1, 41))
-    (suspect,) = _check(path, 17_100)
-    (dec,) = _decide(path, [suspect], 17_100)
-    path.start_capture(dec, TOPO, 17_150)
-    _answer(path, dec, hung_rank=1)
+    path, _ = _suspected_and_answered(hung_rank=1)
     lag_ms = int(path.captures.config.max_judge_lag_s * 1000)
     assert path.due_captures(18_000 + lag_ms - 1, stream_now_ms=16_000) == []
     (cap,) = path.due_captures(18_000 + lag_ms, stream_now_ms=16_000)
@@ -217,12 +219,7 @@ def test_a_hang_capture_judged_healthy_lets_the_next_stall_be_decided_anew() -> 
     """Demo run 20261128-042559: a capture judged healthy 6 s into a checkpoint hang (the ranks
     still moving into it) kept the stall's incident open, the hang reported 3 s later was merged
     into it, and the job waited 60 s for gloo's timeout."""
-    path = _path()
-    _train(path, range(1, 41))
-    (suspect,) = _check(path, 17_100)
-    (dec,) = _decide(path, [suspect], 17_100)
-    path.start_capture(dec, TOPO, 17_150)
-    _answer(path, dec, hung_rank=-1)  # nobody inside a collective: nothing to localise
+    path, dec = _suspected_and_answered(hung_rank=-1)  # nobody inside a collective: nothing to localise
     (cap,) = path.due_captures(18_050)
     assert path.moot_capture(cap, 18_050) is None
     verdict = path.analyze(cap, 18_050)
