@@ -285,6 +285,14 @@ class Batch:
         return list(zip(recs, self.events, strict=True))
 
 
+def offsets_at(consumer: Any, parts: list[Any], since_ms: int) -> dict[Any, int]:
+    """For each partition of ``parts``, the offset of its first record at or after ``since_ms``
+    (its end when there is none): two broker round trips for all of them."""
+    found = consumer.offsets_for_times(dict.fromkeys(parts, since_ms))
+    ends = consumer.end_offsets(parts)
+    return {tp: at.offset if (at := found.get(tp)) is not None else ends[tp] for tp in parts}
+
+
 def seed_group_offsets(cfg: KafkaConfig, group_id: str, topics: list[str], start_ms: int) -> dict[str, int]:
     """Commit, for every partition of ``topics`` the group has no offset for, the offset of the
     first record at or after ``start_ms`` (the end when there is none); partitions with a
@@ -305,12 +313,7 @@ def seed_group_offsets(cfg: KafkaConfig, group_id: str, topics: list[str], start
         if not fresh:
             return seeded
         seeder.assign(fresh)
-        found = seeder.offsets_for_times({tp: start_ms for tp in fresh})
-        ends = seeder.end_offsets(fresh)
-        offsets = {}
-        for tp in fresh:
-            at = found.get(tp)
-            offsets[tp] = OffsetAndMetadata(at.offset if at is not None else ends[tp], "", -1)
+        offsets = {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets_at(seeder, fresh, start_ms).items()}
         seeder.commit(offsets)
         seeded = {f"{tp.topic}[{tp.partition}]": o.offset for tp, o in offsets.items()}
         log.info("group %s starts at %s (records before %d skipped)", group_id, seeded, start_ms)

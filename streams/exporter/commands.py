@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainguard.infra.backoff import Backoff
-from trainguard.infra.bus import EventProducer, authentic, coordinates, decode_record, poisoned
+from trainguard.infra.bus import EventProducer, authentic, coordinates, decode_record, offsets_at, poisoned
 from trainguard.infra.config import KafkaConfig
 from trainguard.infra.signing import AuthError, Verifier, may_order, signer_principal
 from trainguard.schemas.base import now_ms
@@ -229,17 +229,14 @@ class CommandListener:
         committed offsets lie before commands that are all past their age (each would only be
         refused), and reading hours of them would delay the ones that count."""
         parts = list(consumer.assignment())
-        since = now_ms() - int(self.cfg.max_age_s * 1000)
         try:
-            found = consumer.offsets_for_times({tp: since for tp in parts})
+            recent = offsets_at(consumer, parts, now_ms() - int(self.cfg.max_age_s * 1000))
         except Exception as exc:  # an old broker without timestamps: read them all, each is checked
             log.info("commands: cannot look up offsets by time (%s): reading from the committed ones", exc)
-            found = {}
-        ends = consumer.end_offsets(parts)
+            recent = {}
         for tp in parts:
-            pos = consumer.position(tp)
-            hit = found.get(tp)
-            first_recent = hit.offset if hit is not None else ends[tp]
+            pos = consumer.position(tp)  # resolves "latest" too
+            first_recent = recent.get(tp, pos)
             if first_recent > pos:
                 log.info("commands: skipping %d command(s) older than %.0f s on %s", first_recent - pos,
                          self.cfg.max_age_s, tp)  # fmt: skip

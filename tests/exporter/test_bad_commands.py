@@ -77,7 +77,8 @@ def test_a_command_whose_handling_fails_is_dead_lettered_and_the_next_handled() 
 
 class FakeConsumer:
     """One batch of records, then nothing; commits and seeks remembered.  ``recent_from``: the
-    first offset whose timestamp is within the listener's ``max_age_s`` (None: no such record)."""
+    first offset whose timestamp is within the listener's ``max_age_s`` (None: no such record;
+    -1: the lookup fails)."""
 
     def __init__(self, records: list[Any], pos: int = 0, recent_from: int | None = 0, end: int = 2) -> None:
         self.records, self.commits, self.closed = records, 0, False
@@ -99,6 +100,8 @@ class FakeConsumer:
 
     def offsets_for_times(self, times: dict[Any, int]) -> dict[Any, Any]:
         self.asked_since += list(times.values())
+        if self.recent_from == -1:
+            raise RuntimeError("this broker keeps no timestamps")
         hit = None if self.recent_from is None else SimpleNamespace(offset=self.recent_from, timestamp=0)
         return {tp: hit for tp in times}
 
@@ -144,6 +147,7 @@ def test_the_listener_commits_past_a_bad_command_and_reconnects_when_the_broker_
         (3, 40, 50, [40]),  # down for a while: the stale commands are not read
         (3, None, 50, [50]),  # every command is stale: start at the end
         (45, 40, 50, []),  # the committed offset is already recent: nothing skipped
+        (3, -1, 50, []),  # no lookup by time: read from the committed offset, each one checked
     ],
 )
 def test_a_restarted_listener_starts_at_the_first_command_within_its_max_age(
