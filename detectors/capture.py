@@ -72,6 +72,9 @@ class AggregationConfig:
     #: a hang refused a capture (the cooldown, another capture open) is asked again when one may
     #: start, if the job has taken no step since; forgotten after this long.
     defer_hang_s: float = field(default=180.0, metadata=bounds(0, 86_400))
+    #: a fail-slow suspicion refused a capture (a hang's capture open) is asked again when one
+    #: may start; forgotten after this long (the suspicion is reported once per decline).
+    defer_slow_s: float = field(default=120.0, metadata=bounds(0, 86_400))
     #: the over-eviction classifier's thresholds (the fail-slow vote's significance, how many
     #: more rounds a close vote takes, the eviction preference).
     over_eviction: OverEvictionConfig = field(default_factory=OverEvictionConfig)
@@ -433,22 +436,27 @@ class Captures:
         #: waiting 60 s to see it would cost more than the look).  Not state: transient.
         self._recheck: set[str] = set()
 
-    def wants(self, job: str, now_ms: int, hang: bool = False) -> bool:
+    def wants(self, job: str, now_ms: int, hang: bool = False, take_over: bool = True) -> bool:
         """Whether a new capture of ``job`` may start now: none pending or being analysed, and the
-        cooldown over.  A ``hang``'s capture is not held back by a fail-slow one: it takes over a
-        pending fail-slow capture (a stuck job's stacks decide, not a vote on a moving one) and
-        ignores the cooldown after one (a different condition)."""
+        cooldown over.  The cooldown is between captures of one kind: a ``hang``'s capture ignores
+        it after a fail-slow one and a fail-slow one after a hang's (a different condition).  A
+        ``hang``'s capture takes over a pending fail-slow capture (a stuck job's stacks decide, not
+        a vote on a moving one) when ``take_over`` (the caller knows the job has not stepped
+        since that capture began); else it waits for it."""
         since = self.analysing.get(job)
         if since is not None and now_ms - since < ANALYSIS_GRACE_MS:
             return False
         mine = [cid for cid, c in self.pending.items() if c.job == job]
         if mine:
-            if not hang or any(self.pending[cid].rounds <= 1 for cid in mine):
+            if not (hang and take_over) or any(self.pending[cid].rounds <= 1 for cid in mine):
                 return False
             for cid in mine:
                 self.drop(cid)
             return True
-        if hang and (self._last_was_hang.get(job, True) is False or job in self._recheck):
+        last_was_hang = self._last_was_hang.get(job)
+        if hang and (last_was_hang is False or job in self._recheck):
+            return True
+        if not hang and last_was_hang is True:
             return True
         return now_ms - self.last_capture_ms.get(job, -(10**15)) >= self.config.cooldown_s * 1000
 

@@ -154,6 +154,8 @@ class DetectionPath:
         #: job -> a hang decision refused a capture, asked again by :meth:`deferred_captures`
         #: (not state: a restarted worker's stall check reports a hang that lasts again).
         self.deferred: dict[str, Decision] = {}
+        #: job -> a fail-slow decision refused a capture, asked again the same way.
+        self.deferred_slow: dict[str, Decision] = {}
 
     def reconfigure(self, config: PathSettings) -> None:
         """Apply changed thresholds to every live detector (their state is kept)."""
@@ -243,21 +245,35 @@ class DetectionPath:
         detection = dec.evidence.get("detection") if isinstance(dec.evidence, dict) else None
         category = detection.get("category", "") if isinstance(detection, dict) else ""
         hang = category not in FAIL_SLOW_CATEGORIES
-        if self.captures.wants(dec.job, now_ms, hang=hang):
-            self.deferred.pop(dec.job, None)
+        if self.captures.wants(dec.job, now_ms, hang=hang, take_over=self._may_take_over(dec.job)):
+            (self.deferred if hang else self.deferred_slow).pop(dec.job, None)
             return True
-        if hang:
-            # Refused (the cooldown after a capture of a stall that cleared, another capture
-            # open): a hang reported once would otherwise never be captured.  Measured in a demo
-            # run: a hang reported 1 s before the cooldown ended waited for the stopped-job check
-            # (61 s) instead.
-            self.deferred[dec.job] = dec
+        # Refused (the cooldown after a capture of a stall that cleared, another capture open):
+        # a hang or a decline reported once would otherwise never be captured.  Measured in demo
+        # runs: a hang reported 1 s before the cooldown ended waited for the stopped-job check
+        # (61 s) instead; an MFU decline decided while a hang suspicion's capture was open was
+        # never localised (run 20261128-052330).
+        (self.deferred if hang else self.deferred_slow)[dec.job] = dec
         return False
 
+    def _may_take_over(self, job: str) -> bool:
+        """Whether a hang's capture may take over ``job``'s pending fail-slow capture: not while
+        the job has stepped since that capture began.  A slow rank's long steps set off hang
+        suspicions; each took the fail-slow capture over and was then judged moot (the job
+        stepped), and the slow rank was never localised (demo run 20261128-052330: five
+        suspicions in 80 s).  A real hang waits for the fail-slow capture to end, then is asked
+        again (:meth:`deferred_captures`)."""
+        monitor = self.monitors.get(job)
+        if monitor is None:
+            return True
+        slow = [c for c in self.captures.pending.values() if c.job == job and c.rounds > 1]
+        return not any(monitor.last_step_ts_ms > c.requested_ms for c in slow)
+
     def deferred_captures(self, now_ms: int) -> list[Decision]:
-        """The hang decisions refused a capture that may start one now (the aggregation timer):
-        those whose job has taken no step since they were decided.  A job that stepped since
-        was not hung; a decision older than ``defer_hang_s`` is forgotten."""
+        """The decisions refused a capture that may start one now (the aggregation timer): a
+        hang's if its job has taken no step since it was decided (a job that stepped since was
+        not hung), then a fail-slow one's.  A hang older than ``defer_hang_s``, a fail-slow
+        suspicion older than ``defer_slow_s``, is forgotten."""
         out: list[Decision] = []
         limit_ms = self.config.aggregation.defer_hang_s * 1000
         for job, dec in list(self.deferred.items()):
@@ -265,8 +281,16 @@ class DetectionPath:
             stepped = monitor is not None and monitor.last_step_ts_ms > dec.ts_ms
             if stepped or now_ms - dec.ts_ms > limit_ms:
                 del self.deferred[job]
-            elif self.captures.wants(job, now_ms, hang=True):
+            elif self.captures.wants(job, now_ms, hang=True, take_over=self._may_take_over(job)):
                 del self.deferred[job]
+                out.append(dec)
+        # A fail-slow suspicion waits behind a hang's: a stepping job is no longer hung.
+        slow_limit_ms = self.config.aggregation.defer_slow_s * 1000
+        for job, dec in list(self.deferred_slow.items()):
+            if now_ms - dec.ts_ms > slow_limit_ms:
+                del self.deferred_slow[job]
+            elif job not in self.deferred and self.captures.wants(job, now_ms):
+                del self.deferred_slow[job]
                 out.append(dec)
         return out
 

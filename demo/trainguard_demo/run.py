@@ -142,9 +142,11 @@ class DemoConfig:
     shadow_loader: bool = True
     baseline_timeout_s: float = 30.0
     baseline_checkpoint_every: int = 50
-    #: the whole run (start, every fault, the summary) ends within this; a fault that cannot be
-    #: injected and handled in what is left is skipped and reported as not recovered.
-    budget_s: float = 840.0
+    #: every fault and the summary fit within this, counted from when the jobs train (start-up
+    #: took 90-130 s on this host, more when it is loaded: counted from the start, the budget
+    #: left the last fault uninjected in a run whose start took 40 s longer); a fault that
+    #: cannot be injected and handled in what is left is skipped and reported as not recovered.
+    budget_s: float = 780.0
 
 
 def split_cpus(cpus: set[int] | frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
@@ -488,8 +490,8 @@ class Demo:
 
     def run(self) -> dict[str, Any]:
         """Start everything, inject the scenario's faults one by one, return the summary JSON."""
-        self._deadline = time.monotonic() + self.cfg.budget_s
         self.start()
+        self._deadline = time.monotonic() + self.cfg.budget_s
         injected: list[dict[str, Any]] = []
         for item in self.scenario:
             gap = float(item.get("after_s", self.cfg.gap_s))

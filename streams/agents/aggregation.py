@@ -55,7 +55,7 @@ def register(
                 commands[0].args.get("capture_id"),
                 len(commands),
                 dec.job,
-                " (a hang refused a capture earlier)" if deferred else "",
+                " (refused a capture earlier)" if deferred else "",
             )
 
     async def body(ev: Event) -> None:

@@ -11,6 +11,7 @@ are dropped (that worker now watches the job).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from trainguard.detectors.routing import INPUTS, TRAINING, DetectionPath
@@ -23,6 +24,7 @@ from trainguard.streams.context import WorkerContext
 from trainguard.streams.state import WorkerState
 
 NAME = TRAINING
+log = logging.getLogger(__name__)
 #: how far back a starting worker reads the action service's events.
 _ACTIONS_HISTORY_MS = 24 * 3600 * 1000
 
@@ -44,17 +46,33 @@ class Ownership:
 
 
 class StepsBacklog:
-    """Whether step records wait unread on this worker's partitions: the consumer's high
-    watermark (from its last fetch) is past the last offset processed.  Unknown (no fetch yet,
-    nothing processed from a partition yet) counts as no backlog."""
+    """Whether step records wait unread on this worker's partitions: the partition's end is past
+    the last offset processed.  The end is the larger of the consumer's high watermark (from its
+    last fetch) and the broker's end offset (asked by :meth:`refresh`, once a second): the fetch's
+    alone froze while Faust paused a partition whose stream buffer was full, and a worker 30-70 s
+    behind on steps took itself for caught up and judged every job hung (demo run
+    ``20261128-052330``).  Unknown (nothing fetched or asked, nothing processed from a partition
+    yet) counts as no backlog."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.processed: dict[int, int] = {}  # partition -> last offset processed
+        self.broker_end: dict[int, int] = {}  # partition -> its end offset, as the broker said
 
     def seen(self, partition: int, offset: int) -> None:
         if offset > self.processed.get(partition, -1):
             self.processed[partition] = offset
+
+    async def refresh(self) -> None:
+        """Ask the broker for the end offsets of this worker's steps partitions."""
+        topic = self.ctx.topic_name(STEPS)
+        consumer = self.ctx.app.consumer
+        parts = [tp for tp in consumer.assignment() if tp.topic == topic]
+        if not parts:
+            self.broker_end.clear()
+            return
+        ends = await consumer.highwaters(*parts)
+        self.broker_end = {tp.partition: int(end) for tp, end in ends.items() if end is not None}
 
     def __call__(self) -> bool:
         topic = self.ctx.topic_name(STEPS)
@@ -64,8 +82,8 @@ class StepsBacklog:
                 done = self.processed.get(tp.partition) if tp.topic == topic else None
                 if done is None:
                     continue
-                high = consumer.highwater(tp)
-                if high is not None and high > done + 1:
+                high = max(consumer.highwater(tp) or -1, self.broker_end.get(tp.partition, -1))
+                if high > done + 1:
                     return True
         except Exception:  # consumer not started or rebalancing: no backlog known
             return False
@@ -114,6 +132,13 @@ def register(ctx: WorkerContext, path: DetectionPath, state: WorkerState | None 
     # restart decision, queued behind the held recovery).  From the start of a 30-day topic, a
     # worker's start would replay every recovery of the month.
     ctx.follow(ACTIONS, on_action, "actions", since_ms=lambda: now_ms() - _ACTIONS_HISTORY_MS)
+
+    @ctx.app.timer(1.0)
+    async def refresh_backlog() -> None:
+        try:
+            await backlog.refresh()
+        except Exception as exc:  # consumer not started, rebalancing, broker away: fetch's only
+            log.debug("steps end offsets not known: %r", exc)
 
     @ctx.app.timer(ctx.cfg.check_interval_s)
     async def check_jobs() -> None:

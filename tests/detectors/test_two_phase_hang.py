@@ -229,3 +229,69 @@ def test_a_hang_capture_judged_healthy_lets_the_next_stall_be_decided_anew() -> 
     (again,) = _check(path, 19_100)
     (dec2,) = _decide(path, [again], 19_100)
     assert dec2.decision_id != dec.decision_id and dec2.action is Action.AGGREGATE
+
+
+def _decline(ts_ms: int) -> Decision:
+    """An MFU decline's aggregate decision (a fail-slow capture: several rounds)."""
+    detection = {"category": "mfu_decline", "kind": "mfu_decline", "ranks": [], "source_ts_ms": ts_ms}
+    return Decision(
+        decision_id=f"decline-{ts_ms}", ts_ms=ts_ms, job="j", action=Action.AGGREGATE,
+        evidence={"detection": detection},
+    )  # fmt: skip
+
+
+def test_a_hang_suspicion_waits_for_the_fail_slow_capture_of_a_job_still_stepping() -> None:
+    """Demo run 20261128-052330: a slow rank's long steps set off five hang suspicions in 80 s;
+    each took the MFU decline's capture over and was judged moot, and the slow rank was never
+    localised.  While the job steps, the fail-slow capture stays; the hang is deferred and
+    dropped once the job has stepped since."""
+    path = _path()
+    _train(path, range(1, 41))
+    decline = _decline(16_100)
+    assert path.wants_capture(decline, 16_100)
+    path.start_capture(decline, TOPO, 16_100)
+    (slow,) = path.captures.pending.values()
+    assert slow.rounds > 1
+    _train(path, range(41, 42), step_ms=410)  # a step after the capture began (16.81 s)
+    (suspect,) = _check(path, 18_100)
+    (dec,) = _decide(path, [suspect], 18_100)
+    assert not path.wants_capture(dec, 18_150) and "j" in path.deferred
+    assert list(path.captures.pending.values()) == [slow]  # not taken over
+    _train(path, range(42, 43), step_ms=440)  # 18.48 s: the job steps on, the hang is dropped
+    assert path.deferred_captures(18_500) == [] and path.deferred == {}
+
+
+def test_a_hang_still_takes_over_a_fail_slow_capture_once_the_job_stopped_stepping() -> None:
+    path = _path()
+    _train(path, range(1, 41))  # last step at 16 s
+    decline = _decline(16_100)
+    path.start_capture(decline, TOPO, 16_100)  # no step since: a stuck job's stacks decide
+    (suspect,) = _check(path, 17_100)
+    (dec,) = _decide(path, [suspect], 17_100)
+    assert path.wants_capture(dec, 17_150)
+    assert path.captures.pending == {}  # the fail-slow capture was dropped for the hang's
+
+
+def test_a_decline_refused_while_a_hang_capture_is_open_is_captured_after_it() -> None:
+    """The same run: the MFU decline was decided while a hang suspicion's capture was open,
+    refused, and reported only once.  It is kept and captured when the hang's capture ends,
+    without waiting the cooldown (a different condition)."""
+    path, _ = _suspected_and_answered(hung_rank=-1)
+    decline = _decline(17_300)
+    assert not path.wants_capture(decline, 17_300) and "j" in path.deferred_slow
+    assert path.deferred_captures(17_400) == []  # the hang's capture is still open
+    _train(path, range(41, 42), step_ms=430)  # 17.63 s: the job stepped, the hang was moot
+    (cap,) = path.due_captures(18_050)
+    assert path.moot_capture(cap, 18_050) is not None
+    assert path.deferred_captures(18_100) == [decline] and path.deferred_slow == {}
+    path.start_capture(decline, TOPO, 18_100)
+    (slow,) = path.captures.pending.values()
+    assert slow.rounds == path.captures.config.fail_slow_rounds
+
+
+def test_a_deferred_decline_is_forgotten_after_defer_slow_s() -> None:
+    path, _ = _suspected_and_answered(hung_rank=-1)
+    decline = _decline(17_300)
+    assert not path.wants_capture(decline, 17_300)
+    old = decline.ts_ms + int(path.captures.config.defer_slow_s * 1000) + 1
+    assert path.deferred_captures(old) == [] and path.deferred_slow == {}
