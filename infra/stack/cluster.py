@@ -11,6 +11,7 @@ one-node stack of the same home (other ports, other folders); clients use it wit
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainguard.infra.config import KafkaConfig, StackConfig
@@ -72,9 +73,14 @@ class LocalCluster:
         return started
 
     def stop(self) -> list[str]:
-        """Stop this home's cluster processes (clients first, ZooKeeper last)."""
-        stopped = [r.node.name for r in self.replicas if r.stop()]
-        stopped += [b.node.name for b in self.brokers if b.stop()]
+        """Stop this home's cluster processes: the replicas and the brokers together, then
+        ZooKeeper (which the replicas need while they stop).  Together, not one by one: the last
+        broker of a KRaft quorum whose other voters are gone waits for a controller that never
+        answers, until its SIGKILL; one after another, ``down`` took 80 s."""
+        with ThreadPoolExecutor(max_workers=len(self.replicas) + len(self.brokers) or 1) as pool:
+            replicas = [(r.node.name, pool.submit(r.stop)) for r in self.replicas]
+            brokers = [(b.node.name, pool.submit(b.stop)) for b in self.brokers]
+            stopped = [name for name, done in replicas + brokers if done.result()]
         if self.zookeeper.stop():
             stopped.append("zookeeper")
         return stopped
