@@ -133,6 +133,14 @@ class DecisionPolicy:
                 return Targets(machines=machines, ranks=sorted(d.ranks), group_kind="machine")
         return Targets(machines=[d.node] if d.node else [], ranks=sorted(d.ranks), group_kind="job")
 
+    def hang_cleared(self, job: str) -> None:
+        """End ``job``'s open stall incident: the stall was not a hang (its capture found the
+        job stepping or nothing to evict, or the job stepped before a deferred capture could
+        start), so the next stall report is decided anew, not merged as a repeat."""
+        key = self._key(job, Action.AGGREGATE, Targets(), "job_hang")
+        if self._incidents.pop(key, None) is not None:
+            self._touched.add(job)
+
     def decide(self, d: Detection, now_ms: int, topology: JobTopology | None = None) -> Decision | None:
         if d.action in _RECORD_ONLY:
             if d.kind == "over_eviction" and d.category == "healthy" and d.evidence.get("stalled_since_ms"):
@@ -141,9 +149,7 @@ class DecisionPolicy:
                 # would otherwise mute a real hang until the incident's limit).  Measured in demo
                 # run 20261128-042559: a capture judged healthy 6 s into a checkpoint hang muted
                 # the hang reported 3 s later; the job waited 60 s for gloo's timeout.
-                key = self._key(d.job, Action.AGGREGATE, Targets(), "job_hang")
-                if self._incidents.pop(key, None) is not None:
-                    self._touched.add(d.job)
+                self.hang_cleared(d.job)
             return None
         targets = self.targets(d, topology)
         if d.action is Action.EVICT and not targets.machines:

@@ -132,6 +132,14 @@ class PathSettings(Protocol):
     def anomaly_params(self) -> dict[str, Any]: ...
 
 
+def _confirm_at_ms(dec: Decision) -> int:
+    """When a hang decision's stall reaches its full threshold: the suspicion's ``confirm_at_ms``,
+    or its own time for a hang reported at the threshold (or without the field)."""
+    detection = dec.evidence.get("detection") if isinstance(dec.evidence, dict) else None
+    at = detection.get("confirm_at_ms") if isinstance(detection, dict) else None
+    return at if isinstance(at, int) and not isinstance(at, bool) else dec.ts_ms
+
+
 class DetectionPath:
     """The detectors of every stage and what each stage does with its input; pure, no I/O.
 
@@ -219,6 +227,11 @@ class DetectionPath:
         status.observe(ev.decision_id, ev.step, ev.phase.value, ev.ts_ms / 1000)
         if ev.step == "recovery" and ev.phase in (ActionPhase.SUCCEEDED, ActionPhase.FAILED):
             self.policy.recovery_ended(ev.job, ev.decision_id, succeeded=ev.phase is ActionPhase.SUCCEEDED)
+        if ev.step == "recovery" and ev.phase is ActionPhase.STARTED:
+            # A job being recovered is not captured for a suspicion from before it: the ranks
+            # it would sample are the ones being replaced.
+            self.deferred.pop(ev.job, None)
+            self.deferred_slow.pop(ev.job, None)
 
     # -- decide: detections -> decisions --------------------------------------------------------
 
@@ -281,15 +294,24 @@ class DetectionPath:
             stepped = monitor is not None and monitor.last_step_ts_ms > dec.ts_ms
             if stepped or now_ms - dec.ts_ms > limit_ms:
                 del self.deferred[job]
-            elif self.captures.wants(job, now_ms, hang=True, take_over=self._may_take_over(job)):
+                # Not a hang (or no longer one to capture): its incident must not absorb the
+                # next stall report, or a real hang within the incident's limit goes undecided.
+                self.policy.hang_cleared(job)
+                continue
+            # No step since the decision and the stall past its full threshold: a real hang,
+            # which takes over a fail-slow capture even of a job that stepped while it ran.
+            confirmed = now_ms >= _confirm_at_ms(dec)
+            take_over = confirmed or self._may_take_over(job)
+            if self.captures.wants(job, now_ms, hang=True, take_over=take_over):
                 del self.deferred[job]
                 out.append(dec)
         # A fail-slow suspicion waits behind a hang's: a stepping job is no longer hung.
         slow_limit_ms = self.config.aggregation.defer_slow_s * 1000
+        released = {dec.job for dec in out}  # one capture per job and tick
         for job, dec in list(self.deferred_slow.items()):
             if now_ms - dec.ts_ms > slow_limit_ms:
                 del self.deferred_slow[job]
-            elif job not in self.deferred and self.captures.wants(job, now_ms):
+            elif job not in self.deferred and job not in released and self.captures.wants(job, now_ms):
                 del self.deferred_slow[job]
                 out.append(dec)
         return out

@@ -78,13 +78,14 @@ class LocalCluster:
         stopping after the other voters of its KRaft quorum are gone has no controller to hand
         its partitions to, and one after another ``down`` took 77 s (10.5 s together;
         ``tests/infra/test_cluster_stack.py``, 2 cores)."""
-        with ThreadPoolExecutor(max_workers=len(self.replicas) + len(self.brokers) or 1) as pool:
-            replicas = [(r.node.name, pool.submit(r.stop)) for r in self.replicas]
-            brokers = [(b.node.name, pool.submit(b.stop)) for b in self.brokers]
-            stopped = [name for name, done in replicas + brokers if done.result()]
-        if self.zookeeper.stop():
-            stopped.append("zookeeper")
-        return stopped
+        try:
+            with ThreadPoolExecutor(max_workers=len(self.replicas) + len(self.brokers) or 1) as pool:
+                replicas = [(r.node.name, pool.submit(r.stop)) for r in self.replicas]
+                brokers = [(b.node.name, pool.submit(b.stop)) for b in self.brokers]
+                stopped = [name for name, done in replicas + brokers if done.result()]
+        finally:  # ZooKeeper is stopped even if stopping another process raised
+            zookeeper = self.zookeeper.stop()
+        return [*stopped, "zookeeper"] if zookeeper else stopped
 
     def running(self) -> bool:
         procs = [self.zookeeper.proc, *(b.proc for b in self.brokers), *(r.proc for r in self.replicas)]

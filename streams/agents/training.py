@@ -11,6 +11,7 @@ are dropped (that worker now watches the job).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -25,6 +26,8 @@ from trainguard.streams.state import WorkerState
 
 NAME = TRAINING
 log = logging.getLogger(__name__)
+#: how long the steps backlog waits for the broker's end offsets (asked once a second).
+REFRESH_TIMEOUT_S = 2.0
 #: how far back a starting worker reads the action service's events.
 _ACTIONS_HISTORY_MS = 24 * 3600 * 1000
 
@@ -68,10 +71,15 @@ class StepsBacklog:
         topic = self.ctx.topic_name(STEPS)
         consumer = self.ctx.app.consumer
         parts = [tp for tp in consumer.assignment() if tp.topic == topic]
+        # A partition that moved away and back starts afresh: an offset processed before it left
+        # would say "behind" until its next record arrives.
+        mine = {tp.partition for tp in parts}
+        self.processed = {p: o for p, o in self.processed.items() if p in mine}
         if not parts:
             self.broker_end.clear()
             return
-        ends = await consumer.highwaters(*parts)
+        # Bounded: with the broker away the request would wait for its whole timeout.
+        ends = await asyncio.wait_for(consumer.highwaters(*parts), REFRESH_TIMEOUT_S)
         self.broker_end = {tp.partition: int(end) for tp, end in ends.items() if end is not None}
 
     def __call__(self) -> bool:

@@ -295,3 +295,77 @@ def test_a_deferred_decline_is_forgotten_after_defer_slow_s() -> None:
     assert not path.wants_capture(decline, 17_300)
     old = decline.ts_ms + int(path.captures.config.defer_slow_s * 1000) + 1
     assert path.deferred_captures(old) == [] and path.deferred_slow == {}
+
+
+def _slow_capture_then_a_step_and_a_suspicion(path: DetectionPath) -> Decision:
+    """A decline's capture opened at 16.1 s, a step at 16.81 s, then a hang suspicion at 18.1 s
+    (deferred: the job stepped since the capture began)."""
+    _train(path, range(1, 41))
+    path.start_capture(_decline(16_100), TOPO, 16_100)
+    _train(path, range(41, 42), step_ms=410)
+    (suspect,) = _check(path, 18_100)
+    (dec,) = _decide(path, [suspect], 18_100)
+    assert not path.wants_capture(dec, 18_150) and "j" in path.deferred
+    return dec
+
+
+def test_a_deferred_suspicion_dropped_for_a_step_does_not_mute_the_next_hang() -> None:
+    """Review of the change above: the dropped suspicion's incident stayed open, and a real hang
+    within the incident's limit (300 s) was merged into it, undecided and uncaptured."""
+    path = _path()
+    _slow_capture_then_a_step_and_a_suspicion(path)
+    _train(path, range(42, 45), step_ms=430)  # the job steps on (last step 18.92 s)
+    assert path.deferred_captures(19_000) == [] and path.deferred == {}
+    (hang,) = _check(path, 22_000)  # then stops: a real hang 3 s later
+    (dec,) = _decide(path, [hang], 22_000)
+    assert dec.action is Action.AGGREGATE
+
+
+def test_a_deferred_hang_past_its_threshold_takes_over_the_fail_slow_capture() -> None:
+    path = _path()
+    dec = _slow_capture_then_a_step_and_a_suspicion(path)
+    confirm_at = dec.evidence["detection"]["confirm_at_ms"]
+    assert path.deferred_captures(confirm_at - 1) == []  # a suspicion still: the capture stays
+    assert path.deferred_captures(confirm_at) == [dec]  # no step since: a hang, it takes over
+    assert path.captures.pending == {}
+
+
+def test_one_capture_per_job_and_tick_from_the_deferred_ones() -> None:
+    """Review of the change above: a deferred hang and a deferred decline released in the same
+    tick opened two captures of one job."""
+    path = _path()
+    _train(path, range(1, 41))
+    path.captures.last_capture_ms["j"] = 16_000
+    path.captures._last_was_hang["j"] = True  # a hang's capture just judged (its stall cleared)
+    (suspect,) = _check(path, 17_100)
+    (hang,) = _decide(path, [suspect], 17_100)
+    assert not path.wants_capture(hang, 17_150)
+    path.deferred_slow["j"] = _decline(17_200)
+    end = 16_000 + int(path.captures.config.cooldown_s * 1000)
+    assert path.deferred_captures(end) == [hang] and "j" in path.deferred_slow
+
+
+def test_a_decline_after_a_hang_capture_judged_healthy_ignores_the_cooldown() -> None:
+    """The cooldown holds between captures of one kind: a decline right after a hang's capture
+    (here analysed and judged healthy, which keeps the cooldown running) is captured at once."""
+    path, _ = _suspected_and_answered(hung_rank=-1)
+    (cap,) = path.due_captures(18_050)
+    assert path.moot_capture(cap, 18_050) is None
+    assert path.analyze(cap, 18_050).category == "healthy"
+    path.captures.analysing.pop("j", None)  # handed back, as the agent does after the verdict
+    assert path.wants_capture(_decline(18_100), 18_100)
+
+
+def test_a_recovery_starting_drops_the_deferred_captures() -> None:
+    from trainguard.schemas.control import ActionEvent, ActionPhase
+
+    path = _path()
+    _slow_capture_then_a_step_and_a_suspicion(path)
+    path.deferred_slow["j"] = _decline(18_200)
+    path.on_action(
+        ActionEvent(
+            event_id="e1", decision_id="d1", job="j", ts_ms=18_300, step="recovery",
+            phase=ActionPhase.STARTED,
+        )
+    )  # fmt: skip
+    assert path.deferred == {} and path.deferred_slow == {}

@@ -64,3 +64,15 @@ def test_nothing_processed_yet_is_no_backlog_known() -> None:
     backlog = StepsBacklog(_Ctx(consumer))  # type: ignore[arg-type]
     asyncio.run(backlog.refresh())
     assert backlog() is False
+
+
+def test_a_partition_that_moved_away_and_back_starts_afresh() -> None:
+    consumer = _Consumer(fetched={STEPS0: 101}, broker={STEPS0: 101})
+    backlog = StepsBacklog(_Ctx(consumer))  # type: ignore[arg-type]
+    backlog.seen(0, 100)
+    consumer.fetched = {OTHER: 5}  # steps partition 0 revoked
+    asyncio.run(backlog.refresh())
+    assert backlog.processed == {} and backlog.broker_end == {}
+    consumer.fetched, consumer.broker = {STEPS0: 300}, {STEPS0: 300}  # back, moved on meanwhile
+    asyncio.run(backlog.refresh())
+    assert backlog() is False  # nothing processed since it came back: no backlog known
