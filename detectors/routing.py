@@ -258,7 +258,8 @@ class DetectionPath:
         detection = dec.evidence.get("detection") if isinstance(dec.evidence, dict) else None
         category = detection.get("category", "") if isinstance(detection, dict) else ""
         hang = category not in FAIL_SLOW_CATEGORIES
-        if self.captures.wants(dec.job, now_ms, hang=hang, take_over=self._may_take_over(dec.job)):
+        take_over = hang and self._may_take_over(dec.job)  # only a hang's capture takes over
+        if self.captures.wants(dec.job, now_ms, hang=hang, take_over=take_over):
             (self.deferred if hang else self.deferred_slow).pop(dec.job, None)
             return True
         # Refused (the cooldown after a capture of a stall that cleared, another capture open):
@@ -307,11 +308,11 @@ class DetectionPath:
                 out.append(dec)
         # A fail-slow suspicion waits behind a hang's: a stepping job is no longer hung.
         slow_limit_ms = self.config.aggregation.defer_slow_s * 1000
-        released = {dec.job for dec in out}  # one capture per job and tick
+        busy = {dec.job for dec in out} | set(self.deferred)  # one capture per job and tick
         for job, dec in list(self.deferred_slow.items()):
             if now_ms - dec.ts_ms > slow_limit_ms:
                 del self.deferred_slow[job]
-            elif job not in self.deferred and job not in released and self.captures.wants(job, now_ms):
+            elif job not in busy and self.captures.wants(job, now_ms):
                 del self.deferred_slow[job]
                 out.append(dec)
         return out

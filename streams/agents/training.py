@@ -52,7 +52,7 @@ class StepsBacklog:
     """Whether step records wait unread on this worker's partitions: the partition's end is past
     the last offset processed.  The end is the larger of the consumer's high watermark (from its
     last fetch) and the broker's end offset (asked by :meth:`refresh`, once a second): the fetch's
-    alone froze while Faust paused a partition whose stream buffer was full, and a worker 30-70 s
+    alone stops moving while the consumer is not fetching the partition, and a worker 30-70 s
     behind on steps took itself for caught up and judged every job hung (demo run
     ``20261128-052330``).  Unknown (nothing fetched or asked, nothing processed from a partition
     yet) counts as no backlog."""
