@@ -562,6 +562,14 @@ def worker_kill(stack: ChaosStack, size: Size) -> Result:
             f"sent #{[list(nodes).index(n) for n in missing[:5]]})"
         )
         res.note(f"surviving worker /healthz: {second.healthz()}")
+        # What the survivor said of its partitions (seeks back, stuck partitions): why a record
+        # was missed is in there if anywhere.
+        said = [
+            ln
+            for ln in second.log.read_text(errors="replace").splitlines()
+            if "WARNING" in ln or "ERROR" in ln
+        ]
+        res.note(f"surviving worker's last warnings: {[ln[-300:] for ln in said[-8:]]}")
         dead.drain()
         letters = [d for d in dead.events(DeadLetter) if d.stage.startswith("worker:")]
         res.note(f"{len(letters)} worker dead letter(s): {[(d.stage, d.reason[:200]) for d in letters[:3]]}")

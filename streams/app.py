@@ -104,6 +104,7 @@ def build_app(settings: Settings, cfg: WorkerConfig) -> Worker:
         _register_loop_watch(ctx)
     _register_web(ctx, sink)
     _register_lag(ctx)
+    _register_offsets(ctx)
     return Worker(app, ctx, path, jobs, sink)
 
 
@@ -154,6 +155,63 @@ def _register_web(ctx: WorkerContext, sink: SinkThread | None) -> None:
     async def healthz(web: Any, request: Any) -> Any:
         body = ctx.metrics.health(ctx.cfg.liveness_stall_s, ctx.started_at, sink)
         return web.json(body, status=200 if body["ok"] else 503)
+
+
+#: a partition with records past its expected offset and none delivered this long is sought there.
+STUCK_PARTITION_S = 20.0
+#: the longest the agents wait for a new assignment's committed offsets (then they go on without).
+COMMITTED_TIMEOUT_S = 15.0
+
+
+def _register_offsets(ctx: WorkerContext) -> None:
+    """Where each input partition's records are expected from (:mod:`trainguard.streams.offsets`):
+    the committed offsets of partitions new to the worker, read before the agents take a record of
+    the assignment; and a timer that seeks a partition whose records stopped coming."""
+    loading: list[asyncio.Task[None]] = []
+
+    async def load(new: set[tuple[str, int]]) -> None:
+        try:
+            found = await asyncio.wait_for(ctx.committed_offsets(new), COMMITTED_TIMEOUT_S)
+            for (topic, partition), offset in found.items():
+                ctx.offsets.start(topic, partition, offset)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the broker away: the partitions start where they deliver
+            log.warning("committed offsets of %d new partition(s) not read: %s", len(new), exc)
+        ctx.offsets_ready.set()
+
+    @ctx.app.on_partitions_assigned.connect
+    async def on_assigned(app_: Any, assigned: Any, **_: Any) -> None:
+        inputs = {(tp.topic, tp.partition) for tp in assigned if tp.topic in ctx.registry}
+        new = ctx.offsets.assigned(inputs)
+        for task in loading:
+            task.cancel()  # an older assignment's: this one replaces it
+        loading.clear()
+        if new:
+            ctx.offsets_ready.clear()
+            loading.append(asyncio.ensure_future(load(new)))
+
+    @ctx.app.timer(5.0)
+    async def seek_stuck_partitions() -> None:
+        from faust.types import TP
+
+        consumer = ctx.app.consumer
+        try:
+            parts = [tp for tp in consumer.assignment() if tp.topic in ctx.registry]
+            ends = await asyncio.wait_for(consumer.highwaters(*parts), 2.0) if parts else {}
+        except Exception:  # the broker away: nothing is coming anyway
+            return
+        highs = {(tp.topic, tp.partition): int(end) for tp, end in ends.items() if end is not None}
+        for (topic, partition), offset in ctx.offsets.stuck(highs, STUCK_PARTITION_S):
+            ctx.metrics.rewinds.labels("stuck").inc()
+            log.warning(
+                "%s[%d] delivered nothing for %.0f s with records from offset %d on: seeking there",
+                topic, partition, STUCK_PARTITION_S, offset,
+            )  # fmt: skip
+            try:
+                await consumer.seek(TP(topic, partition), offset)
+            except Exception as exc:
+                log.error("seeking %s[%d] to %d failed: %s", topic, partition, offset, exc)
 
 
 def _register_lag(ctx: WorkerContext) -> None:

@@ -45,6 +45,7 @@ from trainguard.schemas.topics import DEAD_LETTERS, TOPICS, Topic, namespaced, t
 from trainguard.streams.config import WorkerConfig
 from trainguard.streams.kafka_compat import aiokafka_kwargs
 from trainguard.streams.metrics import WorkerMetrics
+from trainguard.streams.offsets import OffsetGuard
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +76,18 @@ class WorkerContext:
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     #: (topic, partition) -> high watermark when first measured (baseline before any progress).
     first_highwater: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: the next offset expected on each input partition: records Faust skipped are read again.
+    offsets: OffsetGuard = field(default_factory=OffsetGuard)
+    #: clear while the committed offsets of a new assignment's partitions are read (the agents
+    #: wait: a record taken before its partition's start is known could be one out of order).
+    offsets_ready: asyncio.Event = field(default_factory=asyncio.Event)
     #: the worker's topic namespace, fixed at start (a runtime config change does not move it).
     namespace: str = field(init=False)
     #: topic name in this worker's namespace -> registry topic.
     registry: dict[str, Topic] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.offsets_ready.set()  # cleared only while a new assignment's start offsets are read
         self.namespace = self.cfg.topic_namespace
         check_copartitioned(self.settings.kafka)
         self.registry = {self.topic_name(t): t for t in TOPICS}
@@ -188,6 +195,9 @@ class WorkerContext:
         ``store`` (a :class:`trainguard.streams.state.StageStore`): the stage's kept state is restored for the
         event's key first, an event already in that state is skipped, and what changed is written
         after."""
+        if not await self.in_order(event.message, agent):
+            self.metrics.processed(agent)
+            return  # read again after the records before it
         ev = await self.decode(event, agent)
         if ev is None:
             self.metrics.processed(agent)
@@ -202,6 +212,57 @@ class WorkerContext:
         except Exception as exc:  # one poisoned event must never stop the agent
             await self.reject(event.message, agent, exc)
         self.metrics.processed(agent)
+
+    async def in_order(self, msg: Any, agent: str) -> bool:
+        """Whether ``msg`` is to be handled now: False if records of its partition before it were
+        skipped by the consumer (:mod:`trainguard.streams.offsets`); the partition is then sought
+        back to the first of them and ``msg`` comes again after them."""
+        if not self.offsets_ready.is_set():
+            await self.offsets_ready.wait()
+        verdict = self.offsets.check(msg.topic, msg.partition, msg.offset)
+        if verdict.accepted_gap is not None:
+            first, last = verdict.accepted_gap
+            self.metrics.gaps_accepted.labels(agent).inc()
+            log.error(
+                "%s: offsets %d-%d of %s[%d] are not in the log (deleted by retention?); going on at %d",
+                agent, first, last, msg.topic, msg.partition, msg.offset,
+            )  # fmt: skip
+        if verdict.rewind_to is None:
+            return True
+        from faust.types import TP
+
+        self.metrics.rewinds.labels(agent).inc()
+        if verdict.new_gap:  # once per gap: a stale batch repeats it record by record
+            log.warning(
+                "%s: %s[%d] delivered offset %d before %d-%d (skipped by the consumer): reading them again",
+                agent, msg.topic, msg.partition, msg.offset, verdict.rewind_to, msg.offset - 1,
+            )  # fmt: skip
+        try:
+            await self.app.consumer.seek(TP(msg.topic, msg.partition), verdict.rewind_to)
+        except Exception as exc:  # never lose this record too: handle it, the gap stays
+            log.error("%s: seeking %s[%d] back failed (%s): gap kept", agent, msg.topic, msg.partition, exc)
+            self.offsets.accept(msg.topic, msg.partition, msg.offset)
+            return True
+        return False
+
+    async def committed_offsets(self, partitions: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The worker group's committed offsets of ``partitions`` (those it has; a separate
+        client that never joins the group)."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        consumer = AIOKafkaConsumer(
+            **aiokafka_kwargs(self.settings.kafka), group_id=self.cfg.app_id, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            out = {}
+            for topic, partition in sorted(partitions):
+                offset = await consumer.committed(TopicPartition(topic, partition))
+                if offset is not None and offset >= 0:
+                    out[(topic, partition)] = int(offset)
+            return out
+        finally:
+            await consumer.stop()
 
     async def handle_followed(self, rec: Any, handle: Callable[[bytes | None], None], name: str) -> None:
         """One record of a followed topic: ``handle`` it; if it raises, the record is bad (it would

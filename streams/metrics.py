@@ -50,6 +50,18 @@ class WorkerMetrics:
             ["stage"],
             registry=r,
         )
+        self.rewinds = Counter(
+            "trainguard_input_rewinds_total",
+            "Input records delivered after a gap of records the consumer skipped (partition sought back)",
+            ["agent"],
+            registry=r,
+        )
+        self.gaps_accepted = Counter(
+            "trainguard_input_gaps_accepted_total",
+            "Gaps of input offsets found real (no records there) and passed",
+            ["agent"],
+            registry=r,
+        )
         self.decisions = Counter("trainguard_decisions_total", "Decisions emitted", ["action"], registry=r)
         self.state_writes = Counter(
             "trainguard_state_writes_total",
