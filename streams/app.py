@@ -175,8 +175,8 @@ def _register_offsets(ctx: WorkerContext) -> None:
             for (topic, partition), offset in found.items():
                 ctx.offsets.start(topic, partition, offset)
         except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the broker away: the partitions start where they deliver
+            raise  # a newer assignment took over: it sets ``offsets_ready``
+        except Exception as exc:  # the broker away: those partitions start where they deliver
             log.warning("committed offsets of %d new partition(s) not read: %s", len(new), exc)
         ctx.offsets_ready.set()
 
@@ -187,9 +187,11 @@ def _register_offsets(ctx: WorkerContext) -> None:
         for task in loading:
             task.cancel()  # an older assignment's: this one replaces it
         loading.clear()
-        if new:
-            ctx.offsets_ready.clear()
-            loading.append(asyncio.ensure_future(load(new)))
+        if not new:
+            ctx.offsets_ready.set()
+            return
+        ctx.offsets_ready.clear()
+        loading.append(asyncio.ensure_future(load(new)))
 
     @ctx.app.timer(5.0)
     async def seek_stuck_partitions() -> None:
@@ -203,15 +205,23 @@ def _register_offsets(ctx: WorkerContext) -> None:
             return
         highs = {(tp.topic, tp.partition): int(end) for tp, end in ends.items() if end is not None}
         for (topic, partition), offset in ctx.offsets.stuck(highs, STUCK_PARTITION_S):
-            ctx.metrics.rewinds.labels("stuck").inc()
-            log.warning(
-                "%s[%d] delivered nothing for %.0f s with records from offset %d on: seeking there",
-                topic, partition, STUCK_PARTITION_S, offset,
-            )  # fmt: skip
+            high = highs[(topic, partition)]
             try:
-                await consumer.seek(TP(topic, partition), offset)
+                there = await asyncio.wait_for(ctx.read_range(topic, partition, offset, high, limit=1), 10.0)
+                if not there:  # transaction markers only: nothing to deliver
+                    ctx.offsets.filled(topic, partition, high)
+                    continue
+                ctx.metrics.stuck_seeks.inc()
+                log.warning(
+                    "%s[%d] delivered nothing for %.0f s with records from offset %d on: seeking there",
+                    topic, partition, STUCK_PARTITION_S, offset,
+                )  # fmt: skip
+                # Through the consumer's own thread (aiokafka is not thread-safe).
+                await consumer.seek_wait({TP(topic, partition): offset})
             except Exception as exc:
-                log.error("seeking %s[%d] to %d failed: %s", topic, partition, offset, exc)
+                log.error(
+                    "%s[%d]: looking at or seeking to offset %d failed: %s", topic, partition, offset, exc
+                )
 
 
 def _register_lag(ctx: WorkerContext) -> None:

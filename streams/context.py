@@ -49,6 +49,19 @@ from trainguard.streams.offsets import OffsetGuard
 
 log = logging.getLogger(__name__)
 
+#: the longest a gap's records are read for (then what is not read is logged and counted).
+FILL_TIMEOUT_S = 30.0
+#: the most records of one gap read directly (a larger gap's oldest are logged and counted).
+MAX_FILL_RECORDS = 100_000
+
+
+class ReadRecord:
+    """A record read directly (:meth:`WorkerContext.fill_gap`), shaped like the Faust event the
+    agents get: ``message`` (topic, partition, offset, headers), ``key``, ``value``."""
+
+    def __init__(self, record: Any) -> None:
+        self.message, self.key, self.value = record, record.key, record.value
+
 
 def check_copartitioned(kafka: KafkaConfig) -> None:
     """Raise ``ValueError`` when the topics of one stage have different partition counts (set in
@@ -194,10 +207,20 @@ class WorkerContext:
 
         ``store`` (a :class:`trainguard.streams.state.StageStore`): the stage's kept state is restored for the
         event's key first, an event already in that state is skipped, and what changed is written
-        after."""
-        if not await self.in_order(event.message, agent):
-            self.metrics.processed(agent)
-            return  # read again after the records before it
+        after.  Records of the event's partition the consumer skipped before it are read directly
+        and handled first (:mod:`trainguard.streams.offsets`)."""
+        msg = event.message
+        if not self.offsets_ready.is_set():
+            await self.offsets_ready.wait()
+        gap = self.offsets.check(msg.topic, msg.partition, msg.offset)
+        if gap is not None:
+            await self.fill_gap(msg.topic, msg.partition, gap, msg.offset, agent, body, store)
+        await self.handle(event, agent, body, store)
+
+    async def handle(
+        self, event: Any, agent: str, body: Callable[[Event], Awaitable[None]], store: Any = None
+    ) -> None:
+        """:meth:`guard` without the gap check: one event (or one record read directly)."""
         ev = await self.decode(event, agent)
         if ev is None:
             self.metrics.processed(agent)
@@ -213,37 +236,70 @@ class WorkerContext:
             await self.reject(event.message, agent, exc)
         self.metrics.processed(agent)
 
-    async def in_order(self, msg: Any, agent: str) -> bool:
-        """Whether ``msg`` is to be handled now: False if records of its partition before it were
-        skipped by the consumer (:mod:`trainguard.streams.offsets`); the partition is then sought
-        back to the first of them and ``msg`` comes again after them."""
-        if not self.offsets_ready.is_set():
-            await self.offsets_ready.wait()
-        verdict = self.offsets.check(msg.topic, msg.partition, msg.offset)
-        if verdict.accepted_gap is not None:
-            first, last = verdict.accepted_gap
-            self.metrics.gaps_accepted.labels(agent).inc()
-            log.error(
-                "%s: offsets %d-%d of %s[%d] are not in the log (deleted by retention?); going on at %d",
-                agent, first, last, msg.topic, msg.partition, msg.offset,
-            )  # fmt: skip
-        if verdict.rewind_to is None:
-            return True
-        from faust.types import TP
-
-        self.metrics.rewinds.labels(agent).inc()
-        if verdict.new_gap:  # once per gap: a stale batch repeats it record by record
-            log.warning(
-                "%s: %s[%d] delivered offset %d before %d-%d (skipped by the consumer): reading them again",
-                agent, msg.topic, msg.partition, msg.offset, verdict.rewind_to, msg.offset - 1,
-            )  # fmt: skip
+    async def fill_gap(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        agent: str,
+        body: Callable[[Event], Awaitable[None]],
+        store: Any = None,
+    ) -> None:
+        """Read the records ``start`` .. ``end - 1`` of a partition directly and handle them, in
+        order: the consumer delivered ``end`` without them.  If they cannot be read (the broker
+        away for ``FILL_TIMEOUT_S``, more than ``MAX_FILL_RECORDS``), what was not read is logged
+        at ERROR and counted, never silently passed."""
+        self.metrics.input_gaps.labels(agent).inc()
+        log.warning(
+            "%s: %s[%d] delivered offset %d without %d-%d (skipped by the consumer): reading them directly",
+            agent, topic, partition, end, start, end - 1,
+        )  # fmt: skip
+        first = max(start, end - MAX_FILL_RECORDS)
         try:
-            await self.app.consumer.seek(TP(msg.topic, msg.partition), verdict.rewind_to)
-        except Exception as exc:  # never lose this record too: handle it, the gap stays
-            log.error("%s: seeking %s[%d] back failed (%s): gap kept", agent, msg.topic, msg.partition, exc)
-            self.offsets.accept(msg.topic, msg.partition, msg.offset)
-            return True
-        return False
+            records = await asyncio.wait_for(self.read_range(topic, partition, first, end), FILL_TIMEOUT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            records, first = [], end
+            log.error("%s: reading %s[%d] %d-%d failed: %s", agent, topic, partition, start, end - 1, exc)
+        if first > start:
+            self.metrics.input_gap_unread.labels(agent).inc(first - start)
+            log.error(
+                "%s: offsets %d-%d of %s[%d] were skipped by the consumer and not read: not handled",
+                agent, start, first - 1, topic, partition,
+            )  # fmt: skip
+        for rec in records:
+            self.metrics.input_gap_records.labels(agent).inc()
+            await self.handle(ReadRecord(rec), agent, body, store)
+        self.offsets.filled(topic, partition, end)
+
+    async def read_range(
+        self, topic: str, partition: int, start: int, end: int, limit: int | None = None
+    ) -> list[Any]:
+        """The records at offsets ``start`` .. ``end - 1`` of one partition (fewer where the log
+        has none: transaction markers; the first ``limit`` only), read with a client of this
+        worker's own (no group)."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        tp = TopicPartition(topic, partition)
+        consumer = AIOKafkaConsumer(
+            **aiokafka_kwargs(self.settings.kafka),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        out: list[Any] = []
+        try:
+            await consumer.start()
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            while await consumer.position(tp) < end and (limit is None or len(out) < limit):
+                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=1000)
+                out.extend(r for r in batch.get(tp, []) if start <= r.offset < end)
+            return out if limit is None else out[:limit]
+        finally:
+            await consumer.stop()
 
     async def committed_offsets(self, partitions: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The worker group's committed offsets of ``partitions`` (those it has; a separate
@@ -253,8 +309,8 @@ class WorkerContext:
         consumer = AIOKafkaConsumer(
             **aiokafka_kwargs(self.settings.kafka), group_id=self.cfg.app_id, enable_auto_commit=False
         )
-        await consumer.start()
         try:
+            await consumer.start()
             out = {}
             for topic, partition in sorted(partitions):
                 offset = await consumer.committed(TopicPartition(topic, partition))

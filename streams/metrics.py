@@ -50,16 +50,27 @@ class WorkerMetrics:
             ["stage"],
             registry=r,
         )
-        self.rewinds = Counter(
-            "trainguard_input_rewinds_total",
-            "Input records delivered after a gap of records the consumer skipped (partition sought back)",
+        self.input_gaps = Counter(
+            "trainguard_input_gaps_total",
+            "Input records delivered after records of their partition the consumer skipped",
             ["agent"],
             registry=r,
         )
-        self.gaps_accepted = Counter(
-            "trainguard_input_gaps_accepted_total",
-            "Gaps of input offsets found real (no records there) and passed",
+        self.input_gap_records = Counter(
+            "trainguard_input_gap_records_total",
+            "Records of such gaps read directly and handled",
             ["agent"],
+            registry=r,
+        )
+        self.input_gap_unread = Counter(
+            "trainguard_input_gap_unread_total",
+            "Records of such gaps that could not be read (logged at ERROR)",
+            ["agent"],
+            registry=r,
+        )
+        self.stuck_seeks = Counter(
+            "trainguard_input_stuck_seeks_total",
+            "Input partitions sought where their records stopped coming",
             registry=r,
         )
         self.decisions = Counter("trainguard_decisions_total", "Decisions emitted", ["action"], registry=r)
