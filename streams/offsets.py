@@ -53,6 +53,8 @@ class OffsetGuard:
         self._next: dict[TP, int] = {}
         #: partition -> when it last delivered a record, or was started, filled or sought.
         self._active: dict[TP, float] = {}
+        #: partition -> when the broker's end was first seen past its expected offset (this time).
+        self._behind: dict[TP, float] = {}
         #: the worker's input partitions (None until the first assignment: every one is taken).
         self._held: set[TP] | None = None
 
@@ -82,6 +84,7 @@ class OffsetGuard:
         for tp in [tp for tp in self._next if tp not in self._held]:
             del self._next[tp]
             self._active.pop(tp, None)
+            self._behind.pop(tp, None)
         return self._held - set(self._next)
 
     def start(self, topic: str, partition: int, committed: int) -> None:
@@ -98,7 +101,13 @@ class OffsetGuard:
         now, out = self._clock(), []
         for tp, high in highwaters.items():
             expected = self._next.get(tp)
-            if expected is None or high <= expected or now - self._active.get(tp, now) < stuck_s:
+            if expected is None or high <= expected:
+                self._behind.pop(tp, None)
+                continue
+            # Behind since first seen so: a partition idle for long whose new record has not been
+            # delivered yet is not stuck (seen in the demo: seeks a second after a capture's dumps).
+            since = max(self._active.get(tp, now), self._behind.setdefault(tp, now))
+            if now - since < stuck_s:
                 continue
             self._active[tp] = now
             out.append((tp, expected))

@@ -75,6 +75,7 @@ def test_a_partition_that_stopped_delivering_is_listed_with_where_it_stopped() -
     g.check("t", 1, 9)  # delivering, nothing more there
     g.check("t", 2, 4)  # delivering, more there
     highs = {("t", 0): 3, ("t", 1): 10, ("t", 2): 9, ("t", 3): 5}  # t3: never started here
+    assert g.stuck(highs, 20.0) == []  # behind from now on
     clock.now = 19.0
     assert g.stuck(highs, 20.0) == []
     clock.now = 20.0
@@ -87,3 +88,15 @@ def test_a_partition_that_stopped_delivering_is_listed_with_where_it_stopped() -
     g.filled("t", 2, 9)  # nothing but transaction markers there
     clock.now = 80.0
     assert g.stuck(highs, 20.0) == [(("t", 0), 1)]
+
+
+def test_an_idle_partition_whose_new_record_is_not_yet_delivered_is_not_stuck() -> None:
+    clock = Clock()
+    g = OffsetGuard(clock=clock)
+    g.check("t", 0, 9)  # delivered at 0 s, then idle
+    clock.now = 300.0
+    assert g.stuck({("t", 0): 11}, 20.0) == []  # a new record just arrived: behind since now
+    clock.now = 319.0
+    assert g.stuck({("t", 0): 11}, 20.0) == []
+    clock.now = 320.0
+    assert g.stuck({("t", 0): 11}, 20.0) == [(("t", 0), 10)]  # 20 s behind, nothing delivered
