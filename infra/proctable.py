@@ -39,6 +39,10 @@ DEAD_STATES = frozenset({"Z", "X"})
 #: states of a stopped process: job-control stop (SIGSTOP) and tracing stop.  It holds its stacks
 #: still but runs no code of its own (no Flight Recorder dump, no reporter datagram).
 STOPPED_STATES = frozenset({"T", "t"})
+#: the state of a job-control stop alone (SIGSTOP, a scheduler's suspend): it lasts until a
+#: SIGCONT.  A tracing stop (``t``) is often a moment: py-spy pauses a rank for every blocking dump
+#: (measured: a busy Python loop read ``t`` 616 of 4,925 looks during five ``py-spy dump`` runs).
+JOB_CONTROL_STOP = "T"
 
 
 @dataclass(frozen=True)

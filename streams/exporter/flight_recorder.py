@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.detectors.flight_recorder import FlightRecorderError, dump_to_event, parse_dump
-from trainguard.infra.proctable import DEAD_STATES, LIVE, STOPPED_STATES
+from trainguard.infra.proctable import DEAD_STATES, JOB_CONTROL_STOP, LIVE
 from trainguard.schemas.base import Event, now_ms
 from trainguard.schemas.enums import ProcessRole
 from trainguard.schemas.telemetry import SourceHealth
@@ -280,8 +280,12 @@ class FlightRecorderCollector:
         no answer is read through it (the ranks then count as silent)."""
         pending = dict(registered)
         deadline = time.monotonic() + self.cfg.wait_s
-        # A stopped rank (SIGSTOP, a debugger) runs none of its own code, so it cannot write its
-        # dump: say so now instead of after wait_s -- the capture waits for every rank's answer.
+        # A stopped rank (SIGSTOP) runs none of its own code, so it cannot write its dump: say so
+        # now instead of after wait_s -- the capture waits for every rank's answer.  A rank in a
+        # tracing stop is waited for: the same capture's py-spy pauses each rank it dumps, and
+        # taking that pause for a stop lost the one dump that named a hang's culprit (the
+        # own-job bench: a SIGSTOPped rank's peer answered "stopped" too, and the capture was
+        # judged healthy).  A debugger's stop that lasts gets "no dump within wait_s".
         stopped = self._stopped_pids()
         for rank, reg in sorted(pending.items()):
             if reg.pid in stopped:
@@ -308,7 +312,7 @@ class FlightRecorderCollector:
 
     def _stopped_pids(self) -> set[int]:
         try:
-            return {p.pid for p in self.discover() if p.state in STOPPED_STATES}
+            return {p.pid for p in self.discover() if p.state == JOB_CONTROL_STOP}
         except Exception as exc:
             self._fail(f"process discovery failed: {exc}")
             return set()

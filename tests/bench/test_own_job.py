@@ -90,14 +90,38 @@ def test_a_small_run_blames_the_culprits_node_alone(tmp_path: Path) -> None:
         subprocess.run([str(trainguard), "stack", "down"], env=env, capture_output=True, timeout=120)
     assert out, err.decode()[-3000:]
     result: dict[str, Any] = json.loads(out)
-    assert [f["fault"] for f in result["faults"]] == ["sigkill", "sigstop"], err.decode()[-3000:]
-    assert result["false_evictions"] == []
+    why = _evidence(result, err.decode())  # what a failure in CI needs to be understood there
+    assert [f["fault"] for f in result["faults"]] == ["sigkill", "sigstop"], why
+    assert result["false_evictions"] == [], why
     for f in result["faults"]:
-        assert f["blamed_nodes"] == [f["culprit_node"]], f
-        assert f["trains_again_s"] is not None, f
+        assert f["blamed_nodes"] == [f["culprit_node"]], why
+        assert f["trains_again_s"] is not None, why
     hang = result["faults"][1]
-    assert hang["evicted_nodes"] == [hang["culprit_node"]]  # the suspect's node, not the job
+    assert hang["evicted_nodes"] == [hang["culprit_node"]], why  # the suspect's node, not the job
     assert result["ok"] is True and proc.returncode == 0
+
+
+def _evidence(result: dict[str, Any], stderr: str) -> str:
+    """The run's verdict, its decisions, the bench's log and the worker's and the action
+    service's warnings: a failed assertion shows what TrainGuard did, not just that it failed."""
+    lines = [json.dumps(result, indent=1)[:6000], "--- bench stderr:", stderr[-2000:]]
+    run_dir = Path(result.get("run_dir", ""))
+    for name in ("worker.log", "actions.log"):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace").splitlines()
+        keep = [
+            line
+            for line in text
+            if any(w in line for w in ("WARNING", "ERROR", "capture", "decision"))
+            and "overlapping" not in line
+        ]
+        lines += [
+            f"--- {name} (warnings, errors, captures, decisions):",
+            *(line[:400] for line in keep[-60:]),
+        ]
+    return "\n".join(lines)
 
 
 def _resolves(cls: Any, path: list[str]) -> bool:

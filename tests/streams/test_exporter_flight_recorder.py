@@ -461,6 +461,22 @@ def test_a_real_nccl_timeout_dump_is_shipped(tmp_path: Path) -> None:
     assert not (tdir / "rank_0").exists()
 
 
+def test_a_rank_paused_by_a_tracer_is_waited_for(tmp_path: Path) -> None:
+    """A rank in a tracing stop (``t``: the same capture's py-spy pausing it for its stack) is not
+    a stopped rank: its dump, written once the pause ends, is the answer.  Taken for stopped, the
+    peer of a SIGSTOPped rank lost the dump that named the culprit (own-job bench, local run
+    20261128-134502: both ranks answered "stopped" and the capture was judged healthy)."""
+    fr = tmp_path / "fr"
+    register(fr, 0, os.getpid())
+    paused = TrackedProcess(os.getpid(), 1, 0, "python", "t", "python train.py", ProcessRole.MAIN, 0)
+    published = Published()
+    col = collector(fr, published, [paused], wait_s=5.0)
+    with FakeReporters(fr, {0: (HANG / "json" / "fr_trace_rank_0").read_bytes()}):
+        col.request("cap-traced").join(10)
+    (event,) = published
+    assert event.error == "" and event.rank == 0 and event.entries
+
+
 def test_a_stopped_rank_is_answered_for_at_once(tmp_path: Path, sleepers: list[int]) -> None:
     """A SIGSTOPped rank cannot write its dump: the capture says so at once instead of waiting
     ``wait_s`` for it (the worker's capture waits for every rank's answer, the hang's eviction
