@@ -161,6 +161,9 @@ def _register_web(ctx: WorkerContext, sink: SinkThread | None) -> None:
 STUCK_PARTITION_S = 20.0
 #: the longest the agents wait for a new assignment's committed offsets (then they go on without).
 COMMITTED_TIMEOUT_S = 15.0
+#: an agent at one record this long (a long fill, a state restore) holds Faust's fetch loop for
+#: every agent: the silence of the other partitions is then no skip, and none is sought.
+AGENT_BUSY_S = 5.0
 
 
 def _register_offsets(ctx: WorkerContext) -> None:
@@ -198,6 +201,8 @@ def _register_offsets(ctx: WorkerContext) -> None:
         from faust.types import TP
 
         consumer = ctx.app.consumer
+        if ctx.longest_in_guard_s() >= AGENT_BUSY_S:
+            return  # one agent stalls the fetch loop; a seek now would re-deliver queued records
         try:
             parts = [tp for tp in consumer.assignment() if tp.topic in ctx.registry]
             ends = await asyncio.wait_for(consumer.highwaters(*parts), 2.0) if parts else {}

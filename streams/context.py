@@ -94,6 +94,8 @@ class WorkerContext:
     #: clear while the committed offsets of a new assignment's partitions are read (the agents
     #: wait: a record taken before its partition's start is known could be one out of order).
     offsets_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    #: agent -> when it began handling its current record (a fill of skipped records included).
+    in_guard: dict[str, float] = field(default_factory=dict)
     #: the worker's topic namespace, fixed at start (a runtime config change does not move it).
     namespace: str = field(init=False)
     #: topic name in this worker's namespace -> registry topic.
@@ -212,10 +214,22 @@ class WorkerContext:
         msg = event.message
         if not self.offsets_ready.is_set():
             await self.offsets_ready.wait()
-        gap = self.offsets.check(msg.topic, msg.partition, msg.offset)
-        if gap is not None:
-            await self.fill_gap(msg.topic, msg.partition, gap, msg.offset, agent, body, store)
-        await self.handle(event, agent, body, store)
+        self.in_guard[agent] = time.monotonic()
+        try:
+            gap = self.offsets.check(msg.topic, msg.partition, msg.offset)
+            if gap is not None:
+                await self.fill_gap(msg.topic, msg.partition, gap, msg.offset, agent, body, store)
+                # This record is handled next: the one after it is expected (else every later
+                # record would be taken for a gap and this one read and handled again).
+                self.offsets.filled(msg.topic, msg.partition, msg.offset + 1)
+            await self.handle(event, agent, body, store)
+        finally:
+            self.in_guard.pop(agent, None)
+
+    def longest_in_guard_s(self) -> float:
+        """How long the agent busiest with one record has been at it (0: none is)."""
+        now = time.monotonic()
+        return max((now - since for since in self.in_guard.values()), default=0.0)
 
     async def handle(
         self, event: Any, agent: str, body: Callable[[Event], Awaitable[None]], store: Any = None

@@ -72,8 +72,13 @@ class OffsetGuard:
         return expected
 
     def filled(self, topic: str, partition: int, offset: int) -> None:
-        """The records before ``offset`` were read (or given up): ``offset`` is expected next."""
+        """The records before ``offset`` were read (or given up): ``offset`` is expected next.
+        Nothing for a partition the worker no longer holds (a fill that ended after a rebalance
+        took it away must not leave an expected offset behind: were the partition to come back,
+        it would not start at the group's committed offset)."""
         tp = (topic, partition)
+        if self._held is not None and tp not in self._held:
+            return
         self._next[tp] = max(self._next.get(tp, 0), offset)
         self._active[tp] = self._clock()
 

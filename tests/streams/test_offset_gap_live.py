@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_skipped_records_are_read_directly_and_handled_first_in_order(stack_sett
     job = unique("gapfill")
     lines = [
         LogLine(node=f"{job}-n", ts_ms=now_ms(), source="kernel", line=f"line {i}", seq=i, job=job)
-        for i in range(6)
+        for i in range(8)
     ]
     topic = topic_for(lines[0])
     producer = KafkaProducer(**stack_settings.kafka.client_kwargs(), acks="all")
@@ -108,7 +109,7 @@ def test_skipped_records_are_read_directly_and_handled_first_in_order(stack_sett
         producer.close()
     partition, first = sent[0].partition, sent[0].offset
 
-    async def run() -> list[int]:
+    async def run() -> tuple[list[int], float]:
         ctx = WorkerContext(settings=stack_settings, cfg=WorkerConfig(app_id=unique("tg-gapfill")), app=None)
         ctx.offsets.start(topic.name, partition, first)  # as for a partition new to the worker
         reader = AIOKafkaConsumer(**aiokafka_kwargs(stack_settings.kafka), group_id=None)
@@ -116,8 +117,10 @@ def test_skipped_records_are_read_directly_and_handled_first_in_order(stack_sett
         try:
             tp = TopicPartition(topic.name, partition)
             reader.assign([tp])
-            reader.seek(tp, sent[-1].offset)
-            last = (await reader.getmany(tp, timeout_ms=10_000))[tp][0]
+            reader.seek(tp, sent[5].offset)
+            later: list[Any] = []
+            while len(later) < 3:
+                later += (await reader.getmany(tp, timeout_ms=10_000)).get(tp, [])
         finally:
             await reader.stop()
         handled: list[int] = []
@@ -126,11 +129,16 @@ def test_skipped_records_are_read_directly_and_handled_first_in_order(stack_sett
             assert isinstance(ev, LogLine)
             handled.append(ev.seq)
 
-        class Delivered:  # the consumer delivers the last record without the five before it
-            message, key, value = last, last.key, last.value
+        # The consumer delivers the sixth record without the five before it, then the two after.
+        for rec in later[:3]:
 
-        await ctx.guard(Delivered(), "inspection", body)
-        return handled
+            class Delivered:
+                message, key, value = rec, rec.key, rec.value
 
-    handled = asyncio.run(run())
-    assert handled == [0, 1, 2, 3, 4, 5]
+            await ctx.guard(Delivered(), "inspection", body)
+        gaps = ctx.metrics.input_gaps.labels("inspection")._value.get()
+        return handled, gaps
+
+    handled, gaps = asyncio.run(run())
+    # Each record once, in order: the records after a filled gap are no gap of their own.
+    assert handled == [0, 1, 2, 3, 4, 5, 6, 7] and gaps == 1

@@ -100,3 +100,17 @@ def test_an_idle_partition_whose_new_record_is_not_yet_delivered_is_not_stuck() 
     assert g.stuck({("t", 0): 11}, 20.0) == []
     clock.now = 320.0
     assert g.stuck({("t", 0): 11}, 20.0) == [(("t", 0), 10)]  # 20 s behind, nothing delivered
+
+
+def test_a_fill_that_ends_after_its_partition_left_leaves_nothing_behind() -> None:
+    """A fill can outlast a rebalance that takes its partition away: its end must not record an
+    expected offset, or the partition, were it to come back, would not start at the group's
+    committed offset (and the other worker's records would be read again as a gap)."""
+    g = OffsetGuard()
+    g.assigned([("t", 0), ("t", 1)])
+    g.start("t", 0, 5)
+    assert g.check("t", 0, 9) == 5  # a gap: the fill begins
+    assert g.assigned([("t", 1)]) == {("t", 1)}  # partition 0 moves away meanwhile
+    g.filled("t", 0, 10)  # the fill ends
+    assert g.expected("t", 0) is None
+    assert g.assigned([("t", 0), ("t", 1)]) == {("t", 0), ("t", 1)}  # back: new, started again
