@@ -211,6 +211,12 @@ def _register_offsets(ctx: WorkerContext) -> None:
         highs = {(tp.topic, tp.partition): int(end) for tp, end in ends.items() if end is not None}
         for (topic, partition), offset in ctx.offsets.stuck(highs, STUCK_PARTITION_S):
             high = highs[(topic, partition)]
+            if not faust_went_past(consumer, TP(topic, partition), offset):
+                # Faust has not read that far: it lags (a fetch loop held by a slow agent's full
+                # queue starves every partition), it skipped nothing.  A seek would not help and,
+                # repeated, kept an overloaded worker's telemetry silent for minutes (demo run
+                # 20261128-141341: 114 seeks of 21 partitions, each 20-30 s apart).
+                continue
             try:
                 there = await asyncio.wait_for(ctx.read_range(topic, partition, offset, high, limit=1), 10.0)
                 if not there:  # transaction markers only: nothing to deliver
@@ -227,6 +233,20 @@ def _register_offsets(ctx: WorkerContext) -> None:
                 log.error(
                     "%s[%d]: looking at or seeking to offset %d failed: %s", topic, partition, offset, exc
                 )
+
+
+def faust_went_past(consumer: Any, tp: Any, offset: int) -> bool:
+    """Whether Faust's consumer has passed a record after ``offset`` of ``tp`` on to the agents'
+    streams -- the agent never got ``offset``, so it was skipped, not merely not fetched yet.
+
+    Faust's read offset is the last offset its fetch loop delivered, or the offset it was sought
+    to (the committed one after a rebalance, ours after a seek): hence strictly past.  Unknown
+    (a consumer class without it): True."""
+    read_offsets = getattr(consumer, "_read_offset", None)
+    if read_offsets is None:
+        return True
+    last = read_offsets.get(tp)
+    return last is not None and int(last) > offset
 
 
 def _register_lag(ctx: WorkerContext) -> None:
